@@ -1,0 +1,1 @@
+"""kvsp control package (see docs/architecture.md)."""

@@ -1,0 +1,159 @@
+"""The ``kvsp`` command line.
+
+Output formats are a contract (tests cover them).  Any invalid input ends with a non-zero status and
+exactly one line on stderr saying what is wrong; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from kvsp.container import decode_container, replica_digest
+from kvsp.descriptor import CompatDescriptor
+from kvsp.encoding import canonical_json, format_digest
+from kvsp.errors import KvspError, ValidationError
+from kvsp.keys import ScopeKey, block_keys
+from kvsp.pki import RoleSpec, make_dev_pki
+
+EXIT_INVALID = 2
+MAX_TEXT_INPUT = 64 * 1024 * 1024  # descriptors and token lists are small; refuse runaway input
+_TOKEN_SEPARATORS = re.compile(r"\s*,\s*|\s+")
+
+
+class CliError(KvspError):
+    """A command-line usage or input error."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, as the CLI contract says
+        raise CliError(message)
+
+
+def _read_text(name: str) -> str:
+    data = sys.stdin.buffer.read(MAX_TEXT_INPUT + 1) if name == "-" else _read_file(name)
+    if len(data) > MAX_TEXT_INPUT:
+        raise CliError(f"{name}: larger than {MAX_TEXT_INPUT} octets")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{name}: not UTF-8 text") from exc
+
+
+def _read_file(name: str) -> bytes:
+    path = Path(name)
+    if path.stat().st_size > MAX_TEXT_INPUT:
+        raise CliError(f"{name}: larger than {MAX_TEXT_INPUT} octets")
+    return path.read_bytes()
+
+
+def parse_token_list(text: str, source: str = "tokens") -> list[int]:
+    """Integers separated by commas and/or whitespace."""
+    stripped = text.strip()
+    if not stripped:
+        return []
+    items = _TOKEN_SEPARATORS.split(stripped)
+    for i, item in enumerate(items):
+        if not item.isascii() or not item.isdigit():
+            raise CliError(f"{source}: item {i + 1} ({item[:20]!r}) is not a non-negative integer")
+    return [int(item) for item in items]
+
+
+def cmd_compat_id(args: argparse.Namespace) -> None:
+    descriptor = CompatDescriptor.from_bytes(_read_text(args.file))
+    print(descriptor.compat_id_hex)
+
+
+def cmd_block_keys(args: argparse.Namespace) -> None:
+    descriptor = CompatDescriptor.from_bytes(_read_text(args.descriptor))
+    scope_key = ScopeKey.from_hex(args.scope_key)
+    if args.tokens is not None:
+        tokens = parse_token_list(args.tokens, "--tokens")
+    else:
+        tokens = parse_token_list(_read_text(args.tokens_file), args.tokens_file)
+    keys = block_keys(scope_key, descriptor.compat_id, descriptor.block_tokens, tokens)
+    out = {"compat_id": descriptor.compat_id_hex, "scope_id": scope_key.scope_id.hex(),
+           "block_keys": [k.hex() for k in keys]}
+    print(canonical_json(out).decode())
+
+
+def cmd_container_inspect(args: argparse.Namespace) -> None:
+    path = Path(args.file)
+    with path.open("rb") as f:
+        if path.stat().st_size == 0:
+            data: bytes | mmap.mmap = b""
+        else:  # map the file: inspecting a large container reads only what it hashes
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        container = decode_container(data)
+        digests = container.layer_digests()
+        layers = [{"layer": lv.layer, "k_length": len(lv.k), "v_length": len(lv.v), "digest": d.hex()}
+                  for lv, d in zip(container.layers, digests, strict=True)]
+        out = {"version": container.version, "flags": container.flags, "codec": container.codec,
+               "first_layer": container.first_layer, "layer_count": container.layer_count,
+               "token_count": container.token_count, "layers": layers,
+               "digest": format_digest(replica_digest(digests))}
+        del container, layers  # release views before the map closes
+        if isinstance(data, mmap.mmap):
+            data.close()
+    print(canonical_json(out).decode())
+
+
+def cmd_certs(args: argparse.Namespace) -> None:
+    if not args.role:
+        raise CliError("certs: give at least one --role NAME=URI")
+    roles = [RoleSpec.parse(text) for text in args.role]
+    for issued in make_dev_pki(Path(args.dir), roles):
+        print(f"{issued.name}\t{issued.uri}\t{issued.cert_path}\t{issued.key_path}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kvsp", description="KV Cache Storage Protocol tools")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("compat-id", help="print the Compatibility ID of a descriptor (FILE or -)")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_compat_id)
+
+    p = sub.add_parser("block-keys", help="compute Block Keys of a token sequence")
+    p.add_argument("--descriptor", required=True)
+    p.add_argument("--scope-key", required=True, help="hex, at least 32 octets")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--tokens", help="comma- and/or space-separated integers")
+    group.add_argument("--tokens-file")
+    p.set_defaults(func=cmd_block_keys)
+
+    p = sub.add_parser("container", help="KV Block Container tools")
+    csub = p.add_subparsers(dest="container_command", required=True, parser_class=_Parser)
+    ci = csub.add_parser("inspect", help="describe a container file as JSON")
+    ci.add_argument("file")
+    ci.set_defaults(func=cmd_container_inspect)
+
+    p = sub.add_parser("certs", help="make a development CA and role certificates")
+    p.add_argument("dir")
+    p.add_argument("--role", action="append", default=[], metavar="NAME=URI")
+    p.set_defaults(func=cmd_certs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        func: Callable[[argparse.Namespace], None] = args.func
+        func(args)
+    except (KvspError, ValidationError) as exc:
+        print(f"kvsp: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except OSError as exc:
+        print(f"kvsp: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_INVALID
+    return 0
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

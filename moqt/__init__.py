@@ -1,0 +1,1 @@
+"""kvsp moqt package (see docs/architecture.md)."""

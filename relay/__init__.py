@@ -1,0 +1,1 @@
+"""kvsp relay package (see docs/architecture.md)."""
