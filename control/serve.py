@@ -1,0 +1,76 @@
+"""``kvsp serve ROLE[,ROLE...] --config FILE``: run one or more roles in one aiohttp process.
+
+Each role module exposes ``setup(app, config)`` that adds its routes (below the base URI's path),
+its state under typed `web.AppKey`s and its background tasks through ``app.cleanup_ctx``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from aiohttp import web
+
+from control.config import KNOWN_ROLES, RoleConfig
+from control.http import make_app
+from control.metrics import metrics_handler, metrics_of
+from control.tls import server_context
+from kvsp.errors import ValidationError
+
+log = logging.getLogger("kvsp.serve")
+
+ROLE_MODULES = {
+    "is": "control.index.app",
+    "holder": "control.holder.app",
+    "pc": "control.pc.app",
+    "instance": "control.instance.app",
+    "relay": "relay.app",
+}
+Clock = Callable[[], float]
+CLOCK: web.AppKey[Clock] = web.AppKey("kvsp.clock", Callable[[], float])  # type: ignore[arg-type]
+CONFIG: web.AppKey[RoleConfig] = web.AppKey("kvsp.config", RoleConfig)
+
+
+class RoleModule(Protocol):
+    def setup(self, app: web.Application, config: RoleConfig) -> None: ...
+
+
+def build_app(config: RoleConfig, *, clock: Clock = time.monotonic, allow_insecure: bool = False,
+              roles: tuple[str, ...] | None = None) -> web.Application:
+    """The aiohttp application for ``roles`` (default: those of the config)."""
+    app = make_app(json_limit=config.policy.quotas.body_limit_octets, allow_insecure=allow_insecure)
+    app[CLOCK] = clock
+    app[CONFIG] = config
+    metrics_of(app)
+    app.router.add_get(config.server.base_path + "metrics", metrics_handler)
+    for role in roles or config.roles:
+        if role not in ROLE_MODULES:
+            raise ValidationError("roles", f"unknown role {role!r}; known: {list(KNOWN_ROLES)}")
+        module: RoleModule = importlib.import_module(ROLE_MODULES[role])
+        module.setup(app, config)
+    return app
+
+
+async def serve(config: RoleConfig, roles: tuple[str, ...] | None = None) -> None:
+    """Serve until SIGINT/SIGTERM, then shut down cleanly (cleanup contexts run, e.g. withdrawals)."""
+    if config.tls is None:
+        raise ValidationError("tls", "is required: every KVSP listener uses mutual TLS 1.3 (D1)")
+    app = build_app(config, roles=roles)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.server.host, config.server.port, ssl_context=server_context(config.tls))
+    await site.start()
+    log.info("serving %s at %s", ",".join(roles or config.roles), config.server.base_uri)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,39 @@
+"""Index Service client: publish, refresh and withdraw replicas; longest-prefix lookup (spec 6.1, 6.2)."""
+
+from __future__ import annotations
+
+from urllib.parse import urljoin
+
+from kvsp.client.http import KvspSession
+from kvsp.identifiers import role_id
+from kvsp.problems import ProblemError, ProblemType
+from kvsp.records import LookupRequest, LookupResponse, ReplicaRecord
+
+
+class IndexClient:
+    def __init__(self, session: KvspSession, base_uri: str) -> None:
+        self.session = session
+        self.base_uri = base_uri if base_uri.endswith("/") else base_uri + "/"
+
+    def _replica_url(self, holder: str, block_key: bytes) -> str:
+        return urljoin(self.base_uri, f"replicas/{role_id(holder)}/{block_key.hex()}")
+
+    async def publish(self, record: ReplicaRecord) -> None:
+        """PUT the record; the same call refreshes it (idempotent)."""
+        await self.session.request_json("PUT", self._replica_url(record.holder, record.block_key), record)
+
+    async def withdraw(self, holder: str, block_key: bytes) -> bool:
+        """DELETE the record; False when the IS did not have it."""
+        try:
+            await self.session.request_json("DELETE", self._replica_url(holder, block_key))
+        except ProblemError as exc:
+            if exc.problem.kind is ProblemType.NOT_FOUND:
+                return False
+            raise
+        return True
+
+    async def lookup(self, request: LookupRequest) -> LookupResponse:
+        _, body = await self.session.request_json("POST", urljoin(self.base_uri, "lookup"), request)
+        response = LookupResponse.from_json(body)
+        response.check_request(request)
+        return response
