@@ -8,6 +8,7 @@ the spec requires, and (c) nothing of type ``dict[str, Any]`` travels past the b
 from __future__ import annotations
 
 import builtins
+import math
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -85,9 +86,15 @@ class ObjectReader:
         value = self.raw(name)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValidationError(self.member(name), "must be a number")
-        if not minimum <= value <= maximum:
+        try:
+            number = float(value)
+        except OverflowError:  # an integer literal too long for a float
+            number = math.inf
+        if not math.isfinite(number):  # JSON such as 1e400 decodes to infinity
+            raise ValidationError(self.member(name), "must be a finite number")
+        if not minimum <= number <= maximum:
             raise ValidationError(self.member(name), f"must be between {minimum} and {maximum}")
-        return float(value)
+        return number
 
     def bool(self, name: builtins.str) -> builtins.bool:
         value = self.raw(name)

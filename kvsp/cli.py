@@ -7,6 +7,7 @@ exactly one line on stderr saying what is wrong; no traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import mmap
 import re
 import sys
@@ -111,6 +112,27 @@ def cmd_certs(args: argparse.Namespace) -> None:
         print(f"{issued.name}\t{issued.uri}\t{issued.cert_path}\t{issued.key_path}")
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    import asyncio  # noqa: PLC0415 - the network roles load only for this command
+
+    from control.config import RoleConfig  # noqa: PLC0415
+    from control.serve import serve  # noqa: PLC0415
+
+    config = RoleConfig.load(Path(args.config))
+    roles = tuple(r for r in args.roles.split(",") if r)
+    unknown = [r for r in roles if r not in config.roles]
+    if unknown:
+        raise CliError(f"serve: roles {unknown} are not in {args.config} (roles = {list(config.roles)})")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        import uvloop  # noqa: PLC0415
+
+        runner: Callable[..., object] = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every platform we test
+        runner = asyncio.run
+    runner(serve(config, roles or None))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvsp", description="KV Cache Storage Protocol tools")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -132,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     ci = csub.add_parser("inspect", help="describe a container file as JSON")
     ci.add_argument("file")
     ci.set_defaults(func=cmd_container_inspect)
+
+    p = sub.add_parser("serve", help="run one or more roles (is, holder, pc, instance, relay)")
+    p.add_argument("roles", help="comma-separated roles, all of them in the config's roles")
+    p.add_argument("--config", required=True)
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("certs", help="make a development CA and role certificates")
     p.add_argument("dir")

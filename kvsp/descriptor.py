@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from kvsp._reader import ObjectReader
+from kvsp.container import Geometry
 from kvsp.encoding import canonical_json, format_digest, parse_json
 from kvsp.errors import ValidationError
 from kvsp.registry import ELEMENT_TYPES, LAYOUTS, POSITIONAL_ENCODINGS, ElementType
@@ -87,6 +88,10 @@ class CompatDescriptor:
     @property
     def element(self) -> ElementType:
         return ELEMENT_TYPES[self.kv_dtype]
+
+    def geometry(self) -> Geometry:
+        """The container geometry this descriptor fixes (raw sections, layers bound)."""
+        return Geometry(self.kv_heads, self.head_dim, self.element.size, self.layers)
 
     def section_length(self, tokens: int) -> int:
         """Octets of one K (or V) section of ``tokens`` tokens in codec raw."""

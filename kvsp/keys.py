@@ -44,10 +44,11 @@ class ScopeKey:
     @classmethod
     def from_hex(cls, text: str) -> ScopeKey:
         try:
-            return cls(bytes.fromhex(text))
-        except ValueError as exc:
-            # Do not echo the text: it is (a mistyped) secret.
-            raise ValidationError("scope_key", "must be hex") from exc
+            key = bytes.fromhex(text)
+        except ValueError:
+            # Do not echo the text (nor chain the error that quotes it): it is a mistyped secret.
+            raise ValidationError("scope_key", "must be hex") from None
+        return cls(key)
 
     def secret(self) -> bytes:
         """The key octets, for HMAC and for storage by the scope's principals only."""
