@@ -133,6 +133,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
     runner(serve(config, roles or None))
 
 
+def cmd_demo(args: argparse.Namespace) -> None:
+    from kvsp import demo  # noqa: PLC0415
+
+    demo.main(args.dir)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvsp", description="KV Cache Storage Protocol tools")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -154,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     ci = csub.add_parser("inspect", help="describe a container file as JSON")
     ci.add_argument("file")
     ci.set_defaults(func=cmd_container_inspect)
+
+    p = sub.add_parser("demo", help="walk through the protocol core on embedded defaults")
+    p.add_argument("--dir", help="where to write the demo PKI (default: a temporary folder)")
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("serve", help="run one or more roles (is, holder, pc, instance, relay)")
     p.add_argument("roles", help="comma-separated roles, all of them in the config's roles")

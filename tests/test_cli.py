@@ -136,3 +136,12 @@ def test_certs(tmp_path: Path) -> None:
     rows = [line.split("\t") for line in result.stdout.splitlines()]
     assert [r[:2] for r in rows] == [["is", "https://127.0.0.1:8443/"], ["h1", "https://127.0.0.1:9443/"]]
     assert all(Path(r[2]).exists() and Path(r[3]).exists() for r in rows)
+
+
+def test_demo_walkthrough_runs(tmp_path: Path) -> None:
+    result = kvsp("demo", "--dir", str(tmp_path / "pki"))
+    assert result.returncode == 0, result.stderr
+    for step in range(1, 7):
+        assert f"[{step}]" in result.stdout
+    assert "chosen: https://127.0.0.1:7001/ii/" in result.stdout
+    assert (tmp_path / "pki" / "ca.pem").exists()
