@@ -22,7 +22,7 @@ log = logging.getLogger("kvsp.http")
 JSON_MEDIA_TYPE = "application/kvsp+json"
 BLOCK_MEDIA_TYPE = "application/kvsp-block"
 ACCEPTED_JSON_TYPES = frozenset({JSON_MEDIA_TYPE, "application/json"})
-IDENTITY_KEY = "kvsp.identity"
+IDENTITY_KEY: web.RequestKey[str] = web.RequestKey("kvsp.identity", str)
 # Tests that say so explicitly may run without TLS; the identity then comes from this header.
 INSECURE_IDENTITY_HEADER = "X-Kvsp-Test-Identity"
 ALLOW_INSECURE: web.AppKey[bool] = web.AppKey("kvsp.allow_insecure", bool)

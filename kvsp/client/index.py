@@ -18,9 +18,15 @@ class IndexClient:
     def _replica_url(self, holder: str, block_key: bytes) -> str:
         return urljoin(self.base_uri, f"replicas/{role_id(holder)}/{block_key.hex()}")
 
-    async def publish(self, record: ReplicaRecord) -> None:
-        """PUT the record; the same call refreshes it (idempotent)."""
-        await self.session.request_json("PUT", self._replica_url(record.holder, record.block_key), record)
+    async def publish(self, record: ReplicaRecord) -> ReplicaRecord:
+        """PUT the record; the same call refreshes it (idempotent).
+
+        Returns the record as the IS stored it: its ``ttl_ms`` is the effective TTL after the IS's cap,
+        which is the one to schedule refreshes by (at most a third of it, section 8).
+        """
+        _, body = await self.session.request_json("PUT", self._replica_url(record.holder, record.block_key),
+                                                  record, ok=(200, 201))
+        return ReplicaRecord.from_json(body)
 
     async def withdraw(self, holder: str, block_key: bytes) -> bool:
         """DELETE the record; False when the IS did not have it."""
@@ -34,6 +40,7 @@ class IndexClient:
 
     async def lookup(self, request: LookupRequest) -> LookupResponse:
         _, body = await self.session.request_json("POST", urljoin(self.base_uri, "lookup"), request)
-        response = LookupResponse.from_json(body)
+        # matched never exceeds the keys asked for; the IS's quota may be above the parser's default.
+        response = LookupResponse.from_json(body, max_keys=len(request.block_keys))
         response.check_request(request)
         return response

@@ -1,0 +1,265 @@
+"""Index Service benchmarks: lookup throughput over mutual TLS, and memory per replica record.
+
+* lookup: POST lookup of a 64-key prompt (all hits, one replica each) against the IS started with
+  ``kvsp serve is --config FILE`` in its own process, versus a bare aiohttp HTTPS handler that parses
+  the JSON request and answers with the same response document (``json.loads``/``json.dumps``), also
+  in its own process, with the same TLS 1.3 mutual-authentication context and uvloop.  The client is
+  this process: one session with keep-alive, 8 requests in flight, a fixed number of requests per
+  repetition; it reads each body but does not parse it, so the servers are what is compared.
+  Goal: the IS serves >= 0.5x the requests/s of the bare handler (ratio >= 0.5).
+* memory: tracemalloc over parsing and inserting N records into a `ReplicaIndex` (the IS's path),
+  versus keeping the same parsed records in a list (what any server that keeps them must hold).
+  Records without layer_digests, and with 32.  Goal: <= 1.25x the list.
+
+Run: ``python -m benchmarks.bench_index [--quick]``; prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import aiohttp
+import uvloop
+from aiohttp import web
+
+from benchmarks._timing import Sample, case, measure
+from control.index.store import ReplicaIndex
+from control.tls import TlsFiles, client_context, server_context
+from kvsp.identifiers import role_id
+from kvsp.pki import RoleSpec, make_dev_pki
+from kvsp.records import LookupRequest, ReplicaRecord, Residency, digest_of_layers
+from kvsp.registry import Tier
+
+SCOPE = bytes.fromhex("6d1c6481cd428737da312c089db3832a")
+COMPAT = bytes.fromhex("5ed5c2f238839655d7c4029e12b7f31caf9e7421f4edb4057feee6dab760ee0f")
+KEYS = 64
+CONCURRENCY = 8
+JSON_TYPE = "application/kvsp+json"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _record(i: int, holder: str, layers: int = 0) -> ReplicaRecord:
+    key = hashlib.sha256(i.to_bytes(8, "big")).digest()
+    digests = tuple(hashlib.sha256(key + bytes([n])).digest() for n in range(layers))
+    return ReplicaRecord(block_key=key, compat_id=COMPAT, scope_id=SCOPE, holder=holder, codec=1, size=2 << 20,
+                         digest=digest_of_layers(digests) if layers else hashlib.sha256(key).digest(),
+                         residency=(Residency(Tier.DEVICE, (0, 15)), Residency(Tier.HOST, (16, 31))),
+                         ttl_ms=600_000, layer_digests=digests)
+
+
+# -- servers (each in its own process) ------------------------------------------------------------
+def _write_deployment(d: Path) -> dict[str, str]:
+    uris = {name: f"https://127.0.0.1:{_free_port()}/{name}/" for name in ("is", "bare", "client")}
+    make_dev_pki(d, [RoleSpec(n, u) for n, u in uris.items()])
+    client = uris["client"]
+    (d / "policy.toml").write_text(
+        f'[[scope]]\nid = "{SCOPE.hex()}"\nlookup = ["{client}"]\nstore = ["{client}"]\n')
+    (d / "is.toml").write_text(
+        f'roles = ["is"]\npolicy = "policy.toml"\n[server]\nbase_uri = "{uris["is"]}"\n'
+        f'[tls]\ncert = "is.pem"\nkey = "is.key"\nca = "ca.pem"\n[is]\nsweep_interval_s = 60\n')
+    return uris
+
+
+def _bare_main(d: Path, port: int) -> None:
+    """The floor: parse the JSON request, answer with a JSON document of the same size as the IS's."""
+    template = json.loads((d / "response.json").read_bytes())
+
+    async def lookup(request: web.Request) -> web.Response:
+        json.loads(await request.read())
+        body = json.dumps(template, separators=(",", ":"), ensure_ascii=False).encode()
+        return web.Response(body=body, content_type=JSON_TYPE, headers={"Cache-Control": "no-store"})
+
+    app = web.Application()
+    app.router.add_post("/bare/lookup", lookup)
+    ctx = server_context(TlsFiles(d / "bare.pem", d / "bare.key", d / "ca.pem"))
+    web.run_app(app, host="127.0.0.1", port=port, ssl_context=ctx, print=None, access_log=None,
+                loop=uvloop.new_event_loop())
+
+
+@contextmanager
+def _process(args: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process (Linux /proc), or None where that is not available."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- client -----------------------------------------------------------------------------------------
+async def _wait_ready(http: aiohttp.ClientSession, url: str) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            async with http.post(url, data=b"{}", headers={"Content-Type": JSON_TYPE}) as resp:
+                await resp.read()
+                return
+        except aiohttp.ClientError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def _burst(http: aiohttp.ClientSession, url: str, body: bytes, count: int) -> None:
+    """``count`` POSTs with CONCURRENCY in flight, over the session's keep-alive connections."""
+    headers = {"Content-Type": JSON_TYPE}
+
+    async def worker(n: int) -> None:
+        for _ in range(n):
+            async with http.post(url, data=body, headers=headers) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"{url}: HTTP {resp.status}")
+
+    await asyncio.gather(*(worker(count // CONCURRENCY) for _ in range(CONCURRENCY)))
+
+
+def _lookup_cases(quick: bool) -> list[dict[str, object]]:
+    count, reps = (400, 3) if quick else (2000, 5)
+    count -= count % CONCURRENCY
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        uris = _write_deployment(d)
+        records = [_record(i, uris["client"]) for i in range(KEYS)]
+        body = LookupRequest(SCOPE, COMPAT, tuple(r.block_key for r in records)).to_bytes()
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            http = runner.run(_session(client_context(TlsFiles(d / "client.pem", d / "client.key", d / "ca.pem"))))
+
+            def timed(proc: subprocess.Popen[bytes], url: str) -> tuple[Sample, float | None]:
+                """Wall time per burst, and the server's CPU microseconds per request over all bursts."""
+                before = _cpu_s(proc.pid)
+                sample = measure(lambda: runner.run(_burst(http, url, body, count)), reps=reps, warmup=1)
+                after = _cpu_s(proc.pid)
+                cpu = None if before is None or after is None else 1e6 * (after - before) / (count * (reps + 1))
+                return sample, cpu
+
+            try:
+                with _process(["-m", "kvsp.cli", "serve", "is", "--config", str(d / "is.toml")]) as proc:
+                    runner.run(_wait_ready(http, uris["is"] + "lookup"))
+                    response = runner.run(_publish(http, uris["is"], records, body))
+                    (d / "response.json").write_bytes(response)
+                    ours, ours_cpu = timed(proc, uris["is"] + "lookup")
+                port = int(uris["bare"].split(":")[2].split("/")[0])
+                with _process(["-m", "benchmarks.bench_index", "--bare-server", str(d), str(port)]) as proc:
+                    runner.run(_wait_ready(http, uris["bare"] + "lookup"))
+                    base, base_cpu = timed(proc, uris["bare"] + "lookup")
+            finally:
+                runner.run(http.close())
+    row = case(f"lookup-{KEYS}keys-https-c{CONCURRENCY}", ours, base,
+               "IS requests/s >= 0.5x a bare aiohttp HTTPS JSON handler (ratio >= 0.5)",
+               unit=f"s per {count} requests", higher_is_better=True)
+    row.update(requests_per_s=round(count / ours.median_s), baseline_requests_per_s=round(count / base.median_s),
+               server_cpu_us_per_request=None if ours_cpu is None else round(ours_cpu),
+               baseline_server_cpu_us_per_request=None if base_cpu is None else round(base_cpu),
+               response_octets=len(response))
+    return [row]
+
+
+async def _session(ctx: object) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(ssl=ctx, limit=CONCURRENCY)  # type: ignore[arg-type]
+    return aiohttp.ClientSession(connector=connector)
+
+
+async def _publish(http: aiohttp.ClientSession, base: str, records: list[ReplicaRecord], lookup: bytes) -> bytes:
+    """Publish the prompt's records, then return the IS's answer to the benchmark's lookup."""
+    headers = {"Content-Type": JSON_TYPE}
+    for record in records:
+        url = f"{base}replicas/{role_id(record.holder)}/{record.block_key.hex()}"
+        async with http.put(url, data=record.to_bytes(), headers=headers) as resp:
+            if resp.status not in (200, 201):
+                raise RuntimeError(f"publish: HTTP {resp.status}: {await resp.text()}")
+    async with http.post(base + "lookup", data=lookup, headers=headers) as resp:
+        data = await resp.read()
+    if json.loads(data)["matched"] != len(records):
+        raise RuntimeError("the benchmark prompt does not hit every key")
+    return data
+
+
+# -- memory -------------------------------------------------------------------------------------------
+def _traced_bytes(build: Callable[[], object]) -> int:
+    """Octets still allocated after ``build`` returns (its result kept alive), garbage collected."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        kept = build()
+        gc.collect()
+        end = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    del kept
+    return end - start
+
+
+def _memory_cases(quick: bool) -> list[dict[str, object]]:
+    n = 20_000 if quick else 100_000
+    holders = [f"https://h{i}.example:8443/kvsp/" for i in range(4)]
+    rows = []
+    for layers in (0, 32):
+        blobs = [json.dumps(_record(i, holders[i % 4], layers).to_json()).encode() for i in range(n)]
+
+        def into_index(blobs: list[bytes] = blobs) -> object:
+            index = ReplicaIndex(ttl_ms_max=600_000)
+            for blob in blobs:
+                record = ReplicaRecord.from_bytes(blob)
+                index.put(record, role_id(record.holder), 0.0)
+            return index
+
+        def into_list(blobs: list[bytes] = blobs) -> object:
+            return [ReplicaRecord.from_bytes(blob) for blob in blobs]
+
+        ours, base = _traced_bytes(into_index) / n, _traced_bytes(into_list) / n
+        rows.append({"case": f"memory-per-record-{layers}layer-digests", "unit": "bytes/record",
+                     "value": round(ours), "baseline": round(base), "ratio": round(ours / base, 3),
+                     "records": n, "goal": "<= 1.25x the parsed records kept in a list"})
+    return rows
+
+
+def run(quick: bool = False) -> dict[str, object]:
+    return {"name": "index", "params": {"keys": KEYS, "concurrency": CONCURRENCY},
+            "cases": [*_lookup_cases(quick), *_memory_cases(quick)]}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_index")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--bare-server", nargs=2, metavar=("DIR", "PORT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.bare_server:
+        _bare_main(Path(args.bare_server[0]), int(args.bare_server[1]))
+    else:
+        print(json.dumps(run(args.quick), indent=2))
