@@ -1,0 +1,69 @@
+"""The holder role (spec sections 6.1, 6.6, 6.7; decision D5): stores and serves KV blocks from tiers.
+
+Layers, from the wire inwards: `app` (HTTP routes) -> `service.Holder` (asyncio adapter) ->
+`store.BlockStore` and `leases.LeaseTable` (sans-I/O decisions) and `tiers` (host memory, encrypted
+local storage).  `publisher` keeps the Index Service informed.
+"""
+
+from control.holder.leases import LeaseQuotaError, LeaseState, LeaseTable
+from control.holder.publisher import Publisher, RefreshSchedule
+from control.holder.service import Holder, Representation, StoreFullError
+from control.holder.settings import HolderSettings
+from control.holder.store import (
+    BlockExistsError,
+    BlockId,
+    BlockMeta,
+    BlockStore,
+    Demote,
+    Entry,
+    Event,
+    Evict,
+    Place,
+    Publish,
+    PutOutcome,
+    Republish,
+    Segment,
+    Withdraw,
+)
+from control.holder.tiers import (
+    DiskTier,
+    HostTier,
+    RateMeter,
+    StorageCorruptError,
+    StorageMissingError,
+    TierError,
+    load_or_create_key,
+)
+
+__all__ = [
+    "BlockExistsError",
+    "BlockId",
+    "BlockMeta",
+    "BlockStore",
+    "Demote",
+    "DiskTier",
+    "Entry",
+    "Event",
+    "Evict",
+    "Holder",
+    "HolderSettings",
+    "HostTier",
+    "LeaseQuotaError",
+    "LeaseState",
+    "LeaseTable",
+    "Place",
+    "Publish",
+    "Publisher",
+    "PutOutcome",
+    "RateMeter",
+    "RefreshSchedule",
+    "Representation",
+    "Republish",
+    "Segment",
+    "StorageCorruptError",
+    "StorageMissingError",
+    "StoreFullError",
+    "TierError",
+    "Withdraw",
+    "load_or_create_key",
+]

@@ -1,0 +1,335 @@
+"""The holder's asyncio adapter: applies the store's events to the tiers and the Index Service.
+
+`BlockStore` and `LeaseTable` decide; `Holder` carries the decisions out, in event order:
+
+* data moves (`Place`, `Demote`) go to the tiers, file I/O in worker threads so the event loop never
+  waits on a disk;
+* every `Withdraw` is started at once and each `Evict` waits for its block's withdrawal (bounded by
+  ``withdraw_timeout_ms``) before the bytes go, so the IS stops pointing here before the data is gone
+  (spec section 6.1 allows "immediately after"; "before" is stricter and costs one IS round trip);
+* `Publish`/`Republish` queue a record publication.
+
+Store mutations run one at a time under a lock, so a batch of events is applied completely before
+the next decision.  Readers take no lock: they work on an immutable `Entry` snapshot, and tier reads
+fall back from host to disk, so a block being demoted is served from whichever copy exists.
+A tier failure (a write error, a stored block that fails authentication) makes the block *lost*:
+it is withdrawn first and then dropped, leased or not (spec section 6.6, the fault path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from control.holder.leases import LeaseQuotaError, LeaseState, LeaseTable
+from control.holder.metrics import HolderMetrics
+from control.holder.publisher import Publisher
+from control.holder.settings import HolderSettings
+from control.holder.store import (
+    BlockId,
+    BlockMeta,
+    BlockStore,
+    Demote,
+    Entry,
+    Event,
+    Evict,
+    Place,
+    Publish,
+    Republish,
+    Withdraw,
+)
+from control.holder.tiers import DiskTier, HostTier, StorageCorruptError, StorageMissingError, TierError
+from control.policy import Quotas
+from kvsp.container import ContainerHeader, LayerRange
+from kvsp.errors import KvspError
+from kvsp.problems import ProblemError, ProblemType
+from kvsp.records import LeaseRenewal, LeaseRequest, ReplicaRecord, Residency
+from kvsp.records.replica import STORAGE_TIERS
+from kvsp.registry import Tier
+
+log = logging.getLogger("kvsp.holder")
+
+MAINTENANCE_PERIOD_S: Final = 1.0
+THREAD_HASH_OCTETS: Final = 1 << 20  # hash larger representations off the event loop
+RANGE_DIGESTS: Final = 4096  # remembered Repr-Digests of layer ranges (clients repeat their ranges)
+
+
+class StoreFullError(KvspError):
+    """No tier can make room: everything that could go is leased (HTTP 507)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Representation:
+    """A block representation ready to send: parts (views, no copy), their total length, and digest."""
+
+    parts: tuple[bytes | memoryview, ...]
+    length: int
+    repr_digest: bytes
+    whole: bool
+
+
+class Holder:
+    """Store, tiers, leases and publisher of one holder role."""
+
+    def __init__(self, settings: HolderSettings, *, base_uri: str, quotas: Quotas, clock: Callable[[], float],
+                 metrics: HolderMetrics, host: HostTier | None, disk: DiskTier | None) -> None:
+        capacities: dict[Tier, int] = {}
+        if host is not None:
+            capacities[Tier.HOST] = settings.host_capacity_octets
+        if disk is not None:
+            capacities[Tier.LOCAL_STORAGE] = settings.storage_capacity_octets
+        self.settings = settings
+        self.base_uri = base_uri
+        self.clock = clock
+        self.metrics = metrics
+        self.host = host
+        self.disk = disk
+        self.leases = LeaseTable(quotas)
+        self.store = BlockStore(capacities, retention_s=settings.retention_ms / 1000, pins=self.leases)
+        self.publisher = Publisher(base_uri, self.record_of, clock, settings.replica_ttl_ms / 3000, metrics)
+        self._mutex = asyncio.Lock()
+        self._wake = asyncio.Event()
+        # Keyed by the full container's digest too, so a block stored again with other octets misses.
+        self._range_digests: OrderedDict[tuple[BlockId, bytes, LayerRange], bytes] = OrderedDict()
+        for tier in self.store.tiers:
+            metrics.tier_capacity.labels(tier.value).set(self.store.capacity(tier))
+
+    # -- records ---------------------------------------------------------------------------------
+    def read_rate(self, tier: Tier) -> float | None:
+        """Measured read rate of a storage tier, Mbit/s, rounded to a whole number (None: unmeasured)."""
+        if tier is Tier.LOCAL_STORAGE and self.disk is not None and self.disk.rate.mbit_per_s is not None:
+            return float(max(1, round(self.disk.rate.mbit_per_s)))
+        return None
+
+    def record_of(self, block: BlockId) -> ReplicaRecord | None:
+        """The replica record to publish now, or None when the block is no longer served."""
+        now = self.clock()
+        entry = self.store.get(block, now, touch=False)
+        if entry is None:
+            return None
+        ttl_ms = self.settings.replica_ttl_ms
+        if not self.store.is_leased(entry, now):  # never advertise beyond retention
+            ttl_ms = min(ttl_ms, math.ceil(entry.remaining_s(now) * 1000))
+        residency = tuple(
+            Residency(s.tier, (s.layers.first, s.layers.last),
+                      self.read_rate(s.tier) if s.tier in STORAGE_TIERS else None)
+            for s in entry.placement)
+        meta = entry.meta
+        return ReplicaRecord(block.block_key, block.compat_id, block.scope_id, self.base_uri, meta.codec,
+                             meta.size, meta.digest, residency, max(1, ttl_ms), meta.layer_digests)
+
+    def max_age_s(self, entry: Entry, now: float) -> int:
+        """Cache-Control max-age: no longer than the replica's remaining TTL (spec section 6.7)."""
+        return int(min(entry.remaining_s(now), self.settings.replica_ttl_ms / 1000))
+
+    # -- storing ---------------------------------------------------------------------------------
+    async def put(self, meta: BlockMeta, container: memoryview) -> Entry:
+        """Store a decoded, verified block.  Raises `BlockExistsError` or `StoreFullError`."""
+        async with self._mutex:
+            outcome = self.store.put(meta, self.clock())
+            await self._apply(outcome.events, {meta.block: container})
+        entry = self.store.peek(meta.block)
+        if outcome.tier is None:
+            raise StoreFullError("no tier can make room for this block: leased data fills them")
+        if entry is None:
+            raise TierError(f"the {outcome.tier} tier failed to store the block")
+        self.metrics.blocks_stored.inc()
+        self._update_gauges()
+        return entry
+
+    async def lose(self, block: BlockId) -> None:
+        """The fault path: withdraw the block first, then drop it even if leased (spec 6.6)."""
+        async with self._mutex:
+            await self._apply(self.store.force_evict(block), {})
+        self._update_gauges()
+
+    async def _apply(self, events: tuple[Event, ...] | list[Event], incoming: Mapping[BlockId, memoryview]) -> None:
+        withdrawals = {e.block: self.publisher.withdraw(e.block) for e in events if isinstance(e, Withdraw)}
+        failed: list[BlockId] = []
+        for event in events:
+            if event.block in failed:
+                continue
+            try:
+                await self._apply_one(event, incoming, withdrawals)
+            except (OSError, TierError) as exc:
+                log.error("tier failure on %s (%s): %s; the replica is dropped", event.block, event, exc)
+                failed.append(event.block)
+        for block in failed:
+            await self._apply(self.store.force_evict(block), {})
+
+    async def _apply_one(self, event: Event, incoming: Mapping[BlockId, memoryview],
+                         withdrawals: Mapping[BlockId, asyncio.Task[bool]]) -> None:
+        match event:
+            case Place(meta, Tier.HOST, _) if self.host is not None:
+                self.host.put(meta, incoming[meta.block])
+            case Place(meta, Tier.LOCAL_STORAGE, layers) if self.disk is not None:
+                data = incoming[meta.block][meta.header.header_length :]
+                await asyncio.to_thread(self.disk.write, meta, layers, data)
+            case Demote(meta, layers, Tier.HOST, Tier.LOCAL_STORAGE):
+                await self._demote(meta, layers)
+            case Withdraw():
+                pass  # started before the batch
+            case Evict(block, reason):
+                await self._await_withdrawal(withdrawals.get(block))
+                if self.host is not None:
+                    self.host.drop(block)
+                if self.disk is not None:
+                    await asyncio.to_thread(self.disk.delete, block)
+                self.metrics.evictions.labels(reason).inc()
+            case Publish(block) | Republish(block):
+                self.publisher.publish(block)
+            case _:
+                raise TierError(f"no tier to carry out {event}")
+
+    async def _demote(self, meta: BlockMeta, layers: LayerRange) -> None:
+        host, disk = self.host, self.disk
+        data = None if host is None else host.read(meta, layers)
+        if host is None or disk is None or data is None:
+            raise TierError(f"layers {layers} of {meta.block} are not in host memory")
+        await asyncio.to_thread(disk.write, meta, layers, data)
+        host.keep(meta, layers.first - 1 if layers.first > 0 else None)
+        self.metrics.demotions.inc()
+
+    async def _await_withdrawal(self, task: asyncio.Task[bool] | None) -> None:
+        if task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), self.settings.withdraw_timeout_ms / 1000)
+        except TimeoutError:
+            log.warning("withdrawal not confirmed within %d ms; evicting anyway (the record expires)",
+                        self.settings.withdraw_timeout_ms)
+
+    # -- serving ---------------------------------------------------------------------------------
+    async def representation(self, entry: Entry, layers: LayerRange) -> Representation:
+        """The container of ``layers`` as parts.  Raises `StorageMissingError` / `StorageCorruptError`.
+
+        The whole block comes with its precomputed digest (and, from memory, as the very octets that
+        were stored); a layer range gets a new header and a digest computed over what is sent.
+        """
+        meta = entry.meta
+        whole = layers == meta.layers
+        if whole and self.host is not None:
+            stored = self.host.whole(meta)
+            if stored is not None:
+                return Representation((stored,), stored.nbytes, meta.repr_digest, True)
+        header = meta.header if whole else _range_header(meta.header, layers)
+        parts: list[bytes | memoryview] = [header.encode()]
+        for segment in entry.segments(layers):
+            parts.append(await self._read(meta, segment.layers))
+        length = header.container_length
+        if whole:
+            return Representation(tuple(parts), length, meta.repr_digest, False)
+        return Representation(tuple(parts), length, await self._range_digest(meta, layers, parts), False)
+
+    async def _range_digest(self, meta: BlockMeta, layers: LayerRange, parts: list[bytes | memoryview]) -> bytes:
+        key = (meta.block, meta.repr_digest, layers)
+        digest = self._range_digests.get(key)
+        if digest is not None:
+            self._range_digests.move_to_end(key)
+            return digest
+        large = sum(len(memoryview(p)) for p in parts) > THREAD_HASH_OCTETS
+        digest = await asyncio.to_thread(_sha256, parts) if large else _sha256(parts)
+        self._range_digests[key] = digest
+        if len(self._range_digests) > RANGE_DIGESTS:
+            self._range_digests.popitem(last=False)
+        return digest
+
+    async def _read(self, meta: BlockMeta, layers: LayerRange) -> memoryview:
+        if self.host is not None:
+            view = self.host.read(meta, layers)  # also while a demotion of these layers is in flight
+            if view is not None:
+                return view
+        if self.disk is None:
+            raise StorageMissingError(f"layers {layers} of {meta.block} are gone")
+        try:
+            return await asyncio.to_thread(self.disk.read, meta, layers)
+        except StorageCorruptError:
+            self.metrics.digest_failures.labels("storage").inc()
+            raise
+
+    # -- leases ----------------------------------------------------------------------------------
+    def grant(self, client: str, request: LeaseRequest, may_read: Callable[[bytes], bool]) -> LeaseState:
+        """A lease on held replicas the client may read; others count as unknown (no existence leak)."""
+        now = self.clock()
+        sizes: dict[bytes, int] = {}
+        for key in request.block_keys:
+            entries = [e for e in self.store.with_key(key, now) if may_read(e.block.scope_id)]
+            if entries:
+                sizes[key] = sum(e.meta.size for e in entries)
+        try:
+            state = self.leases.grant(client, request, sizes, now)
+        except LeaseQuotaError as exc:
+            self.metrics.lease_rejections.labels(exc.reason).inc()
+            raise
+        except ProblemError as exc:
+            if exc.problem.kind is ProblemType.NOT_FOUND:
+                self.metrics.lease_rejections.labels("not-found").inc()
+            raise
+        self.metrics.lease_grants.inc()
+        self.metrics.leases_active.set(len(self.leases))
+        return state
+
+    def renew(self, client: str, lease_id: str, renewal: LeaseRenewal) -> LeaseState:
+        try:
+            return self.leases.renew(client, lease_id, renewal, self.clock())
+        except LeaseQuotaError as exc:
+            self.metrics.lease_rejections.labels(exc.reason).inc()
+            raise
+
+    def release(self, client: str, lease_id: str) -> None:
+        self.leases.release(client, lease_id, self.clock())
+        self.metrics.leases_active.set(len(self.leases))
+
+    # -- maintenance -----------------------------------------------------------------------------
+    async def maintain(self) -> None:
+        """One round: forget expired leases, drop expired blocks, send due refreshes."""
+        now = self.clock()
+        self.leases.expire(now)
+        async with self._mutex:
+            await self._apply(self.store.expire(self.clock()), {})
+        self.publisher.refresh_due(self.clock())
+        self._update_gauges()
+
+    def wake(self) -> None:
+        """Run a maintenance round now (after a clock change, for instance)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """The maintenance loop; cancelled at shutdown."""
+        while True:
+            try:
+                await self.maintain()
+            except Exception:  # a bad round must not end maintenance for the process lifetime
+                log.exception("holder maintenance failed")
+            delay = self.publisher.schedule.delay(self.clock())
+            timeout = MAINTENANCE_PERIOD_S if delay is None else min(max(delay, 0.01), MAINTENANCE_PERIOD_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+
+    def _update_gauges(self) -> None:
+        for tier in self.store.tiers:
+            self.metrics.tier_used.labels(tier.value).set(self.store.used(tier))
+            rate = self.read_rate(tier)
+            if rate is not None:
+                self.metrics.tier_read_rate.labels(tier.value).set(rate)
+        self.metrics.leases_active.set(len(self.leases))
+
+
+def _range_header(header: ContainerHeader, layers: LayerRange) -> ContainerHeader:
+    lengths = header.lengths[layers.first - header.first_layer : layers.last - header.first_layer + 1]
+    return ContainerHeader(header.codec, layers.first, header.token_count, lengths)
+
+
+def _sha256(parts: list[bytes | memoryview]) -> bytes:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part)
+    return h.digest()

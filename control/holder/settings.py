@@ -1,0 +1,106 @@
+"""The ``[holder]`` table of a role configuration, validated once into a frozen record.
+
+    [holder]
+    index = "https://127.0.0.1:7401/is/"     # the Index Service; absent: serve without publishing
+    descriptors = ["model.json"]             # the Compatibility Descriptors this holder stores
+    replica_ttl_ms = 120000                  # ttl_ms of published records, refreshed every ttl/3
+    retention_ms = 3600000                   # a block is deleted this long after it was stored
+    host_capacity_octets = 8589934592        # host tier; 0 disables it
+    storage_dir = "blocks"                   # local-storage tier; absent disables it
+    storage_capacity_octets = 107374182400
+    encryption_key_file = "storage.key"      # AES-256-GCM key of local-storage (made if absent)
+    withdraw_timeout_ms = 2000               # how long an eviction waits for the IS to confirm
+
+Unknown keys are refused, so that a misspelt capacity fails at startup instead of silently taking
+the default.  Relative paths resolve against the configuration file's folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from control.config import RoleConfig
+from kvsp._reader import ObjectReader
+from kvsp.descriptor import CompatDescriptor
+from kvsp.errors import ValidationError
+from kvsp.records._common import MAX_SAFE_INT, check_uri
+
+DEFAULT_REPLICA_TTL_MS: Final = 120_000
+DEFAULT_RETENTION_MS: Final = 3_600_000
+DEFAULT_HOST_CAPACITY: Final = 1 << 30
+DEFAULT_STORAGE_CAPACITY: Final = 16 << 30
+DEFAULT_WITHDRAW_TIMEOUT_MS: Final = 2_000
+DEFAULT_KEY_FILE: Final = "holder-storage.key"
+KNOWN_KEYS: Final = frozenset({
+    "index", "descriptors", "replica_ttl_ms", "retention_ms", "host_capacity_octets", "storage_dir",
+    "storage_capacity_octets", "encryption_key_file", "withdraw_timeout_ms",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class HolderSettings:
+    """Everything the holder reads from ``[holder]``, with descriptors loaded and keyed by compat_id."""
+
+    index: str | None
+    descriptors: Mapping[bytes, CompatDescriptor]
+    replica_ttl_ms: int = DEFAULT_REPLICA_TTL_MS
+    retention_ms: int = DEFAULT_RETENTION_MS
+    host_capacity_octets: int = DEFAULT_HOST_CAPACITY
+    storage_dir: Path | None = None
+    storage_capacity_octets: int = DEFAULT_STORAGE_CAPACITY
+    encryption_key_file: Path | None = None
+    withdraw_timeout_ms: int = DEFAULT_WITHDRAW_TIMEOUT_MS
+
+    @classmethod
+    def from_config(cls, config: RoleConfig) -> HolderSettings:
+        """Validate ``config.section("holder")``; errors name the member as ``holder.<key>``."""
+        section = dict(config.section("holder"))
+        for name in section:
+            if name not in KNOWN_KEYS:
+                raise ValidationError(f"holder.{name}", f"unknown key; known: {sorted(KNOWN_KEYS)}")
+        r = ObjectReader(section, "holder")
+        index = r.optional("index", lambda n: check_uri(r.raw(n), r.member(n)))
+        storage = r.optional("storage_dir", lambda n: config.path(r.str(n, max_length=4096)))
+        key_file = r.optional("encryption_key_file", lambda n: config.path(r.str(n, max_length=4096)))
+        if storage is not None and key_file is None:
+            key_file = config.path(DEFAULT_KEY_FILE)
+        settings = cls(
+            index=index,
+            descriptors=_descriptors(r, config),
+            replica_ttl_ms=_int(r, "replica_ttl_ms", DEFAULT_REPLICA_TTL_MS, minimum=3),
+            retention_ms=_int(r, "retention_ms", DEFAULT_RETENTION_MS, minimum=1),
+            host_capacity_octets=_int(r, "host_capacity_octets", DEFAULT_HOST_CAPACITY, minimum=0),
+            storage_dir=storage,
+            storage_capacity_octets=_int(r, "storage_capacity_octets", DEFAULT_STORAGE_CAPACITY, minimum=1),
+            encryption_key_file=key_file,
+            withdraw_timeout_ms=_int(r, "withdraw_timeout_ms", DEFAULT_WITHDRAW_TIMEOUT_MS, minimum=1),
+        )
+        if settings.host_capacity_octets == 0 and storage is None:
+            raise ValidationError("holder", "needs a tier: host_capacity_octets > 0 or storage_dir")
+        return settings
+
+
+def _int(r: ObjectReader, name: str, default: int, *, minimum: int) -> int:
+    value = r.optional(name, lambda n: r.int(n, minimum=minimum, maximum=MAX_SAFE_INT))
+    return default if value is None else value
+
+
+def _descriptors(r: ObjectReader, config: RoleConfig) -> dict[bytes, CompatDescriptor]:
+    """Load each descriptor file; the holder stores only blocks of these Compatibility IDs."""
+    out: dict[bytes, CompatDescriptor] = {}
+    if not r.has("descriptors"):
+        return out
+    for member, value in r.items("descriptors", max_items=1024):
+        if not isinstance(value, str):
+            raise ValidationError(member, "must be a descriptor file path")
+        path = config.path(value)
+        try:
+            text = path.read_bytes()
+        except OSError as exc:
+            raise ValidationError(member, f"cannot read {path}: {exc.strerror}") from exc
+        descriptor = CompatDescriptor.from_bytes(text)
+        out[descriptor.compat_id] = descriptor
+    return out

@@ -1,0 +1,444 @@
+"""Which blocks the holder keeps, in which tier, and what to give up under pressure (sans-I/O).
+
+`BlockStore` is bookkeeping only: it never touches bytes, sockets or the clock.  Callers pass ``now``
+and get back *events* (`Place`, `Demote`, `Withdraw`, `Evict`, `Publish`, `Republish`) that say what
+the adapter must do with the data and with the Index Service, in order.  That keeps every policy
+decision (LRU order, capacity, lease pinning, retention) testable without a disk or a server.
+
+Rules the store guarantees:
+
+* **Capacity** is counted per tier in octets of layer data (K and V sections).  A tier never holds
+  more than its capacity once the events of a call are applied.
+* **Placement is per layer range.**  Tiers are ordered fastest first; a block's layers are split into
+  contiguous ranges, the lower layers in the faster tier.  Under pressure the *highest* layers of the
+  least recently used block move down one tier (`Demote`), only as many as are needed, so a reader
+  can still start on the first layers from memory while the rest stream from disk.  Every change of
+  residency is followed by `Republish`, so the Index Service sees the new split.
+* **Leases pin.**  A block whose key is leased is never evicted by `put` or `expire`; it may only
+  be demoted (moving data is not evicting it).  `force_evict` (a fault: the data is lost or must go)
+  is the one path that evicts leased data, and it returns `Withdraw` first: the adapter completes the
+  withdrawal before it drops the data (spec section 6.6).
+* **Every eviction is announced**: `Withdraw` comes before its `Evict` in the event list.
+* **Retention**: an entry expires ``retention_s`` after it was stored (spec section 10: retention
+  limits); an expired entry is no longer served unless leased, and `expire` removes it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Final, Protocol
+
+from kvsp.container import ContainerHeader, LayerRange
+from kvsp.errors import KvspError
+from kvsp.registry import Tier
+
+EVICT_CAPACITY: Final = "capacity"
+EVICT_EXPIRED: Final = "expired"
+EVICT_FAULT: Final = "fault"
+
+
+class StoreError(KvspError):
+    """Root of the store's errors."""
+
+
+class BlockExistsError(StoreError):
+    """A replica for this (compat, scope, key) is already held (HTTP 412: the old copy is kept)."""
+
+
+# -- identities and metadata -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class BlockId:
+    """A block resource: blocks/{compat}/{scope}/{block_key} (spec section 6.7)."""
+
+    compat_id: bytes
+    scope_id: bytes
+    block_key: bytes
+
+    def __str__(self) -> str:
+        return f"{self.compat_id.hex()}/{self.scope_id.hex()}/{self.block_key.hex()}"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockMeta:
+    """What a stored block is, fixed when it is stored: the header, the digests and the sizes.
+
+    ``repr_digest`` is the SHA-256 of the full container as stored, computed once so that serving
+    the whole block never hashes it again.
+    """
+
+    block: BlockId
+    header: ContainerHeader
+    layer_digests: tuple[bytes, ...]
+    digest: bytes
+    repr_digest: bytes
+    _ends: tuple[int, ...] = field(init=False, repr=False, compare=False)  # cumulative layer octets
+
+    def __post_init__(self) -> None:
+        if len(self.layer_digests) != self.header.layer_count:
+            raise ValueError("one layer digest per layer is required")
+        if self.header.first_layer != 0:
+            raise ValueError("the store keeps whole blocks: the first layer must be 0")
+        object.__setattr__(self, "_ends", (0, *itertools.accumulate(map(sum, self.header.lengths))))
+
+    @property
+    def codec(self) -> int:
+        return self.header.codec
+
+    @property
+    def size(self) -> int:
+        """Octets of the full container (the record's ``size``)."""
+        return self.header.container_length
+
+    @property
+    def layers(self) -> LayerRange:
+        return self.header.layer_range
+
+    @property
+    def data_octets(self) -> int:
+        """Octets of layer data: what the block costs in a tier."""
+        return self._ends[-1]
+
+    def octets(self, layers: LayerRange) -> int:
+        """Layer data octets of the inclusive range ``layers``."""
+        return self._ends[layers.last + 1] - self._ends[layers.first]
+
+    def offset(self, layer: int) -> int:
+        """Offset of ``layer`` in the data section of the full container."""
+        return self._ends[layer]
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Layers ``layers`` of one block reside in ``tier``."""
+
+    tier: Tier
+    layers: LayerRange
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One held replica.  Immutable: the store replaces it on change, so a reader's snapshot stays
+    consistent across awaits while the store moves on."""
+
+    meta: BlockMeta
+    placement: tuple[Segment, ...]  # ascending, contiguous, covering every layer
+    stored_at: float
+    expires_at: float
+
+    @property
+    def block(self) -> BlockId:
+        return self.meta.block
+
+    def segment_in(self, tier: Tier) -> Segment | None:
+        for segment in self.placement:
+            if segment.tier is tier:
+                return segment
+        return None
+
+    def octets_in(self, tier: Tier) -> int:
+        segment = self.segment_in(tier)
+        return 0 if segment is None else self.meta.octets(segment.layers)
+
+    def segments(self, layers: LayerRange) -> list[Segment]:
+        """The parts of ``layers`` by tier, in layer order (each clipped to ``layers``)."""
+        out = []
+        for segment in self.placement:
+            first = max(segment.layers.first, layers.first)
+            last = min(segment.layers.last, layers.last)
+            if first <= last:
+                out.append(Segment(segment.tier, LayerRange(first, last)))
+        return out
+
+    def remaining_s(self, now: float) -> float:
+        return max(0.0, self.expires_at - now)
+
+
+# -- events ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Keep the new block's ``layers`` in ``tier``."""
+
+    meta: BlockMeta
+    tier: Tier
+    layers: LayerRange
+
+    @property
+    def block(self) -> BlockId:
+        return self.meta.block
+
+
+@dataclass(frozen=True, slots=True)
+class Demote:
+    """Copy ``layers`` of the block from ``source`` to ``target``, then free them in ``source``.
+
+    The event carries the metadata because a later event of the same batch may evict the block.
+    """
+
+    meta: BlockMeta
+    layers: LayerRange
+    source: Tier
+    target: Tier
+
+    @property
+    def block(self) -> BlockId:
+        return self.meta.block
+
+
+@dataclass(frozen=True, slots=True)
+class Withdraw:
+    """Withdraw the block's replica record from the Index Service (before its `Evict`)."""
+
+    block: BlockId
+
+
+@dataclass(frozen=True, slots=True)
+class Evict:
+    """Drop every octet of ``block`` from every tier.  ``reason``: capacity, expired or fault."""
+
+    block: BlockId
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """Publish the new replica's record."""
+
+    block: BlockId
+
+
+@dataclass(frozen=True, slots=True)
+class Republish:
+    """The block's residency changed: publish its record again."""
+
+    block: BlockId
+
+
+Event = Place | Demote | Withdraw | Evict | Publish | Republish
+
+
+@dataclass(frozen=True, slots=True)
+class PutOutcome:
+    """The events of a `BlockStore.put`, and the tier the block went to (None: no room).
+
+    Even without room the events may move other blocks (demotions made while looking for space);
+    they are valid and must be applied.
+    """
+
+    events: tuple[Event, ...]
+    tier: Tier | None
+
+
+class Pins(Protocol):
+    """Who says whether a block key is leased (the `LeaseTable`)."""
+
+    def is_leased(self, block_key: bytes, now: float) -> bool: ...
+
+
+class _NoPins:
+    def is_leased(self, block_key: bytes, now: float) -> bool:
+        return False
+
+
+NO_PINS: Final = _NoPins()
+
+
+# -- the store -------------------------------------------------------------------------------------
+
+
+class BlockStore:
+    """Entries keyed by `BlockId`, in LRU order across tiers, with per-tier capacities in octets.
+
+    ``capacities`` lists the tiers fastest first (``{Tier.HOST: ..., Tier.LOCAL_STORAGE: ...}``);
+    data demotes from one tier to the next.
+    """
+
+    __slots__ = ("_by_key", "_capacity", "_entries", "_expiry", "_pins", "_retention_s", "_tiers", "_used")
+
+    def __init__(self, capacities: Mapping[Tier, int], *, retention_s: float, pins: Pins = NO_PINS) -> None:
+        if not capacities or any(c < 0 for c in capacities.values()):
+            raise ValueError("the store needs at least one tier, with capacities >= 0")
+        self._tiers: tuple[Tier, ...] = tuple(capacities)
+        self._capacity = dict(capacities)
+        self._used = dict.fromkeys(self._tiers, 0)
+        self._retention_s = retention_s
+        self._pins = pins
+        self._entries: OrderedDict[BlockId, Entry] = OrderedDict()  # least recently used first
+        self._expiry: dict[BlockId, None] = {}  # insertion order == expiry order (constant retention)
+        self._by_key: dict[bytes, set[BlockId]] = {}  # leases name block keys only
+
+    # -- queries ---------------------------------------------------------------------------------
+    @property
+    def tiers(self) -> tuple[Tier, ...]:
+        return self._tiers
+
+    def capacity(self, tier: Tier) -> int:
+        return self._capacity[tier]
+
+    def used(self, tier: Tier) -> int:
+        return self._used[tier]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, block: object) -> bool:
+        return block in self._entries
+
+    def __iter__(self) -> Iterator[Entry]:
+        """Entries from least to most recently used."""
+        return iter(list(self._entries.values()))
+
+    def peek(self, block: BlockId) -> Entry | None:
+        """The entry whatever its expiry, without touching the LRU order."""
+        return self._entries.get(block)
+
+    def get(self, block: BlockId, now: float, *, touch: bool = True) -> Entry | None:
+        """The live entry (unexpired, or expired but leased), marked as most recently used."""
+        entry = self._entries.get(block)
+        if entry is None or not self._live(entry, now):
+            return None
+        if touch:
+            self._entries.move_to_end(block)
+        return entry
+
+    def with_key(self, block_key: bytes, now: float) -> list[Entry]:
+        """Live entries whose block key is ``block_key`` (leases name keys only)."""
+        blocks = self._by_key.get(block_key, ())
+        return [e for e in (self._entries[b] for b in sorted(blocks)) if self._live(e, now)]
+
+    def is_leased(self, entry: Entry, now: float) -> bool:
+        return self._pins.is_leased(entry.block.block_key, now)
+
+    def _live(self, entry: Entry, now: float) -> bool:
+        return now < entry.expires_at or self.is_leased(entry, now)
+
+    # -- mutations -------------------------------------------------------------------------------
+    def put(self, meta: BlockMeta, now: float) -> PutOutcome:
+        """Admit a new block into the fastest tier that can make room for it.
+
+        Raises `BlockExistsError` when a live replica is held (the old copy is kept, spec 6.7).
+        """
+        events: list[Event] = []
+        old = self._entries.get(meta.block)
+        if old is not None:
+            if self._live(old, now):
+                raise BlockExistsError(f"block {meta.block} is already held")
+            self._evict(old, EVICT_EXPIRED, events)
+        need = meta.data_octets
+        for tier in self._tiers:
+            if self._make_room(tier, need, now, frozenset({meta.block}), events):
+                entry = Entry(meta, (Segment(tier, meta.layers),), now, now + self._retention_s)
+                self._entries[meta.block] = entry
+                self._expiry[meta.block] = None
+                self._by_key.setdefault(meta.block.block_key, set()).add(meta.block)
+                self._used[tier] += need
+                events += (Place(meta, tier, meta.layers), Publish(meta.block))
+                return PutOutcome(tuple(events), tier)
+        return PutOutcome(tuple(events), None)
+
+    def expire(self, now: float) -> list[Event]:
+        """Remove entries past their retention that no lease pins."""
+        events: list[Event] = []
+        for block in list(self._expiry):
+            entry = self._entries[block]
+            if entry.expires_at > now:
+                break  # later entries were stored later
+            if not self.is_leased(entry, now):
+                self._evict(entry, EVICT_EXPIRED, events)
+        return events
+
+    def force_evict(self, block: BlockId) -> list[Event]:
+        """Evict even leased data (a fault).  The `Withdraw` event MUST complete before the `Evict`."""
+        entry = self._entries.get(block)
+        if entry is None:
+            return []
+        events: list[Event] = []
+        self._evict(entry, EVICT_FAULT, events)
+        return events
+
+    # -- capacity --------------------------------------------------------------------------------
+    def _free(self, tier: Tier) -> int:
+        return self._capacity[tier] - self._used[tier]
+
+    def _lower(self, tier: Tier) -> Tier | None:
+        index = self._tiers.index(tier) + 1
+        return self._tiers[index] if index < len(self._tiers) else None
+
+    def _make_room(self, tier: Tier, need: int, now: float, exclude: frozenset[BlockId],
+                   events: list[Event]) -> bool:
+        """Free ``need`` octets in ``tier``: demote LRU data one tier down, then evict unleased LRU blocks."""
+        if need > self._capacity[tier]:
+            return False
+        lower = self._lower(tier)
+        if lower is not None:
+            for block in list(self._entries):
+                if self._free(tier) >= need:
+                    return True
+                entry = self._entries.get(block)
+                if entry is None or block in exclude or entry.segment_in(tier) is None:
+                    continue
+                if not self._demote(entry, tier, lower, amount=need - self._free(tier), now=now, exclude=exclude,
+                                    events=events):
+                    break  # the lower tier is full of pinned data: fall back to eviction
+        for block in list(self._entries):
+            if self._free(tier) >= need:
+                return True
+            entry = self._entries.get(block)
+            if entry is None or block in exclude or entry.octets_in(tier) == 0 or self.is_leased(entry, now):
+                continue
+            self._evict(entry, EVICT_CAPACITY, events)
+        return self._free(tier) >= need
+
+    def _demote(self, entry: Entry, source: Tier, target: Tier, *, amount: int, now: float,
+                exclude: frozenset[BlockId], events: list[Event]) -> bool:
+        """Move the smallest top slice of ``entry``'s layers in ``source`` worth ``amount`` octets."""
+        segment = entry.segment_in(source)
+        assert segment is not None  # the caller checked
+        meta = entry.meta
+        first = segment.layers.last
+        while first > segment.layers.first and meta.octets(LayerRange(first, segment.layers.last)) < amount:
+            first -= 1
+        moving = LayerRange(first, segment.layers.last)
+        moved = meta.octets(moving)
+        if not self._make_room(target, moved, now, exclude | {entry.block}, events):
+            return False
+        entry = self._entries[entry.block]  # making room below never evicts an excluded block
+        self._entries[entry.block] = replace(entry, placement=_moved(entry.placement, moving, source, target))
+        self._used[source] -= moved
+        self._used[target] += moved
+        events += (Demote(meta, moving, source, target), Republish(entry.block))
+        return True
+
+    def _evict(self, entry: Entry, reason: str, events: list[Event]) -> None:
+        for segment in entry.placement:
+            self._used[segment.tier] -= entry.meta.octets(segment.layers)
+        del self._entries[entry.block]
+        self._expiry.pop(entry.block, None)
+        same_key = self._by_key[entry.block.block_key]
+        same_key.discard(entry.block)
+        if not same_key:
+            del self._by_key[entry.block.block_key]
+        events += (Withdraw(entry.block), Evict(entry.block, reason))
+
+
+def _moved(placement: Sequence[Segment], moving: LayerRange, source: Tier, target: Tier) -> tuple[Segment, ...]:
+    """The placement after the top layers ``moving`` of ``source`` join ``target`` (the next tier)."""
+    out: list[Segment] = []
+    for segment in placement:
+        if segment.tier is source:
+            if moving.first > segment.layers.first:
+                out.append(Segment(source, LayerRange(segment.layers.first, moving.first - 1)))
+        elif segment.tier is target:
+            continue
+        else:
+            out.append(segment)
+    below = next((s for s in placement if s.tier is target), None)
+    last = below.layers.last if below is not None else moving.last
+    out.append(Segment(target, LayerRange(moving.first, last)))
+    return tuple(sorted(out, key=lambda s: s.layers.first))
