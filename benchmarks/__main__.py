@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-SUITES = ["bench_keys", "bench_container"]
+SUITES = ["bench_keys", "bench_container", "bench_index", "bench_holder", "bench_client"]
 
 
 def main(argv: list[str] | None = None) -> int:
