@@ -92,10 +92,13 @@ class HolderOptions:
     """Limits and timeouts of block transfers.
 
     ``read_timeout_s`` bounds the silence between two body chunks, so a stalled holder fails fast
-    even when the block is large; ``block_timeout_s`` bounds a whole GET or PUT.
+    even when the block is large; ``block_timeout_s`` bounds a whole GET or PUT; ``control_timeout_s``
+    bounds a lease exchange, so a frozen holder (TCP accepted by its kernel, no TLS answer) costs
+    seconds, not the session's default.
     """
 
     read_timeout_s: float = 10.0
+    control_timeout_s: float = 5.0
     block_timeout_s: float = 120.0
     max_block_size: int = DEFAULT_MAX_SIZE
     offload_min: int = DEFAULT_OFFLOAD_MIN
@@ -194,20 +197,22 @@ class HolderClient:
     async def lease(self, holder_uri: str, block_keys: Sequence[bytes], ttl_ms: int) -> Lease:
         """POST leases: the holder will not evict these blocks for the granted TTL (may be capped)."""
         url = urljoin(base_of(holder_uri), "leases")
-        _, body = await self.session.request_json("POST", url, LeaseRequest(tuple(block_keys), ttl_ms))
+        _, body = await self.session.request_json("POST", url, LeaseRequest(tuple(block_keys), ttl_ms),
+                                                 timeout_s=self.options.control_timeout_s)
         return Lease.from_json(body)
 
     async def renew(self, holder_uri: str, lease_id: str, ttl_ms: int) -> Lease:
         """PUT leases/{id}: extend the lease by ``ttl_ms`` from now."""
         url = urljoin(base_of(holder_uri), f"leases/{lease_id}")
-        _, body = await self.session.request_json("PUT", url, LeaseRenewal(ttl_ms))
+        _, body = await self.session.request_json("PUT", url, LeaseRenewal(ttl_ms),
+                                                 timeout_s=self.options.control_timeout_s)
         return Lease.from_json(body)
 
     async def release(self, holder_uri: str, lease_id: str) -> bool:
         """DELETE leases/{id}; False when the holder no longer knew it (expired)."""
         url = urljoin(base_of(holder_uri), f"leases/{lease_id}")
         try:
-            await self.session.request_json("DELETE", url)
+            await self.session.request_json("DELETE", url, timeout_s=self.options.control_timeout_s)
         except ProblemError as exc:
             if exc.problem.status == 404:
                 return False

@@ -60,8 +60,12 @@ class KvspSession:
         await self.close()
 
     async def request_json(self, method: str, url: str, body: object | None = None,
-                           *, ok: tuple[int, ...] = (200, 201, 202, 204)) -> tuple[int, object | None]:
-        """Send a JSON body (a record with ``to_bytes`` or a dict) and return (status, parsed JSON)."""
+                           *, ok: tuple[int, ...] = (200, 201, 202, 204),
+                           timeout_s: float | None = None) -> tuple[int, object | None]:
+        """Send a JSON body (a record with ``to_bytes`` or a dict) and return (status, parsed JSON).
+
+        ``timeout_s`` bounds the whole exchange, TLS handshake included (default: the session's).
+        """
         data: bytes | None
         if body is None:
             data = None
@@ -71,7 +75,8 @@ class KvspSession:
             data = body.to_bytes()  # type: ignore[attr-defined]
         headers = {"Content-Type": JSON_MEDIA_TYPE} if data is not None else {}
         try:
-            async with self.http.request(method, url, data=data, headers=headers) as resp:
+            timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s is not None else None
+            async with self.http.request(method, url, data=data, headers=headers, timeout=timeout) as resp:
                 raw = await read_capped(resp, self.options.max_json_response)
                 status = resp.status
                 ctype = resp.content_type
