@@ -11,7 +11,8 @@ import importlib
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Protocol
 
 from aiohttp import web
@@ -56,21 +57,29 @@ def build_app(config: RoleConfig, *, clock: Clock = time.monotonic, allow_insecu
     return app
 
 
-async def serve(config: RoleConfig, roles: tuple[str, ...] | None = None) -> None:
-    """Serve until SIGINT/SIGTERM, then shut down cleanly (cleanup contexts run, e.g. withdrawals)."""
+@asynccontextmanager
+async def serving(config: RoleConfig, *, clock: Clock = time.monotonic, app: web.Application | None = None,
+                  roles: tuple[str, ...] | None = None) -> AsyncIterator[web.Application]:
+    """Serve ``config``'s roles over mutual TLS for the duration of the block (in this process)."""
     if config.tls is None:
         raise ValidationError("tls", "is required: every KVSP listener uses mutual TLS 1.3 (D1)")
-    app = build_app(config, roles=roles)
+    app = app if app is not None else build_app(config, clock=clock, roles=roles)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, config.server.host, config.server.port, ssl_context=server_context(config.tls))
-    await site.start()
-    log.info("serving %s at %s", ",".join(roles or config.roles), config.server.base_uri)
+    try:
+        site = web.TCPSite(runner, config.server.host, config.server.port, ssl_context=server_context(config.tls))
+        await site.start()
+        yield app
+    finally:
+        await runner.cleanup()
+
+
+async def serve(config: RoleConfig, roles: tuple[str, ...] | None = None) -> None:
+    """Serve until SIGINT/SIGTERM, then shut down cleanly (cleanup contexts run, e.g. withdrawals)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    try:
+    async with serving(config, roles=roles):
+        log.info("serving %s at %s", ",".join(roles or config.roles), config.server.base_uri)
         await stop.wait()
-    finally:
-        await runner.cleanup()

@@ -7,7 +7,10 @@ main job once the network roles land.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
+import socket
 import tempfile
 from pathlib import Path
 
@@ -19,7 +22,7 @@ from kvsp.identifiers import role_id
 from kvsp.keys import BlockKeyChain, ScopeKey
 from kvsp.pki import RoleSpec, make_dev_pki
 from kvsp.placement import choose_instance, estimate
-from kvsp.records import InstanceStatus, Link, ReplicaRecord, Residency
+from kvsp.records import InstanceStatus, LookupRequest, ReplicaRecord, Residency
 from kvsp.registry import Codec, InstanceState, Tier
 
 HOLDER = "https://127.0.0.1:9443/holder/"
@@ -82,9 +85,69 @@ def run(workdir: Path) -> None:
     _section_placement(record, d)
 
     _say(6, f"Development PKI (decision D1) in {workdir}")
-    for issued in make_dev_pki(workdir, [RoleSpec("is", "https://127.0.0.1:8443/is/"), RoleSpec("holder", HOLDER)]):
-        print(f"  {issued.name:<7} {issued.uri:<34} {issued.cert_path.name}")
-    print("\nDone. Next: the network roles (kvsp serve is|holder --config FILE).")
+    uris = {"is": f"https://127.0.0.1:{_free_port()}/is/", "holder": f"https://127.0.0.1:{_free_port()}/holder/",
+            "engine": "https://engine.local/"}
+    for issued in make_dev_pki(workdir, [RoleSpec(name, uri) for name, uri in uris.items()]):
+        print(f"  {issued.name:<7} {issued.uri:<40} {issued.cert_path.name}")
+
+    _say(7, "Index Service and holder on loopback, mutual TLS 1.3: store, look up, fetch and verify")
+    blocks = [encode_container(Codec.RAW, 0, d.block_tokens, make_block(d, seed=i)) for i in range(3)]
+    asyncio.run(_storage_round_trip(workdir, uris, d, scope, keys=keys, blocks=blocks))
+    print("\nDone. Each role runs on its own with: kvsp serve ROLE --config FILE (see docs/).")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def _storage_round_trip(workdir: Path, uris: dict[str, str], d: CompatDescriptor, scope: ScopeKey, *,
+                              keys: list[bytes], blocks: list[bytes]) -> None:
+    from control.config import RoleConfig  # noqa: PLC0415 - the network roles load only for this step
+    from control.serve import serving  # noqa: PLC0415
+    from control.tls import TlsFiles, client_context  # noqa: PLC0415
+    from kvsp.client.fetch import BlockFetcher  # noqa: PLC0415
+    from kvsp.client.holder import HolderClient  # noqa: PLC0415
+    from kvsp.client.http import KvspSession  # noqa: PLC0415
+
+    (workdir / "descriptor.json").write_bytes(d.canonical())
+    engine, holder = json.dumps(uris["engine"]), json.dumps(uris["holder"])
+    policy = (f'[[scope]]\nid = "{scope.scope_id.hex()}"\nlookup = [{engine}]\nread = [{engine}]\n'
+              f"store = [{engine}, {holder}]\n")
+    (workdir / "policy.toml").write_text(policy)
+    configs = {}
+    holder_table = f'[holder]\nindex = "{uris["is"]}"\ndescriptors = ["descriptor.json"]\n'
+    for role, extra in (("is", ""), ("holder", holder_table)):
+        text = (f'roles = ["{role}"]\npolicy = "policy.toml"\n[server]\nbase_uri = "{uris[role]}"\n'
+                f'[tls]\ncert = "{role}.pem"\nkey = "{role}.key"\nca = "ca.pem"\n{extra}')
+        (workdir / f"{role}.toml").write_text(text)
+        configs[role] = RoleConfig.load(workdir / f"{role}.toml")
+    print(f"  configs written: {', '.join(sorted(p.name for p in workdir.glob('*.toml')))}")
+    async with serving(configs["is"]), serving(configs["holder"]):
+        tls = TlsFiles(workdir / "engine.pem", workdir / "engine.key", workdir / "ca.pem")
+        async with KvspSession(client_context(tls)) as session:
+            for key, body in zip(keys, blocks, strict=True):
+                await HolderClient(session).put_block(uris["holder"], d.compat_id, scope.scope_id, key, body)
+            print(f"  stored {len(blocks)} blocks at the holder; it publishes their Replica Records to the IS")
+            fetcher = BlockFetcher(session, uris["is"])
+            for _ in range(100):  # publication is asynchronous
+                if (await fetcher.index.lookup(_lookup(d, scope, keys))).matched == len(keys):
+                    break
+                await asyncio.sleep(0.05)
+            prompt = [*keys, hashlib.sha256(b"a fourth block nobody stored").digest()]
+            result = await fetcher.fetch(scope.scope_id, d.compat_id, prompt, block_tokens=d.block_tokens)
+    print(f"  a {len(prompt) * d.block_tokens}-token prompt: {result.matched} of {len(prompt)} blocks matched, "
+          f"{result.loaded_blocks} loaded and verified (Repr-Digest, layer and replica digests)")
+    print(f"  the engine recomputes from token {result.recompute_from_token}; "
+          f"stats: {fetcher.stats.fetched_tokens} tokens fetched, {fetcher.stats.recomputed_tokens} recomputed")
+    if result.loaded_blocks != len(keys):
+        raise RuntimeError("the walkthrough's fetch did not load every stored block")
+
+
+def _lookup(d: CompatDescriptor, scope: ScopeKey, keys: list[bytes]) -> LookupRequest:
+    return LookupRequest(scope.scope_id, d.compat_id, tuple(keys))
 
 
 def _section_placement(record: ReplicaRecord, d: CompatDescriptor) -> None:

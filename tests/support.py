@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,8 +14,8 @@ from aiohttp import web
 
 from control.config import RoleConfig, ServerConfig
 from control.policy import Policy
-from control.serve import build_app
-from control.tls import TlsFiles, client_context, server_context
+from control.serve import serving
+from control.tls import TlsFiles, client_context
 from kvsp.client.http import KvspSession
 from kvsp.pki import RoleSpec, make_dev_pki
 
@@ -66,21 +67,10 @@ def role_config(pki: DevPki, name: str, roles: tuple[str, ...], policy: Policy,
                       base_dir or pki.dir, {k: dict(v) for k, v in (sections or {}).items()})
 
 
-@asynccontextmanager
-async def running(config: RoleConfig, *, clock: Callable[[], float] | None = None,
-                  app: web.Application | None = None) -> AsyncIterator[web.Application]:
+def running(config: RoleConfig, *, clock: Callable[[], float] | None = None,
+            app: web.Application | None = None) -> AbstractAsyncContextManager[web.Application]:
     """Serve ``config``'s roles over mutual TLS on loopback for the duration of the block."""
-    assert config.tls is not None
-    if app is None:
-        app = build_app(config, clock=clock) if clock else build_app(config)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", config.server.port, ssl_context=server_context(config.tls))
-    await site.start()
-    try:
-        yield app
-    finally:
-        await runner.cleanup()
+    return serving(config, clock=clock or time.monotonic, app=app)
 
 
 class FakeClock:

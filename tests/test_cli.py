@@ -141,7 +141,8 @@ def test_certs(tmp_path: Path) -> None:
 def test_demo_walkthrough_runs(tmp_path: Path) -> None:
     result = kvsp("demo", "--dir", str(tmp_path / "pki"))
     assert result.returncode == 0, result.stderr
-    for step in range(1, 7):
+    for step in range(1, 8):
         assert f"[{step}]" in result.stdout
     assert "chosen: https://127.0.0.1:7001/ii/" in result.stdout
+    assert "3 of 4 blocks matched, 3 loaded and verified" in result.stdout
     assert (tmp_path / "pki" / "ca.pem").exists()
