@@ -1,0 +1,53 @@
+"""Sans-I/O cores of the inference instance: every method takes ``now`` and returns typed values.
+
+- `InstanceLifecycle` (section 6.3): own state, admission, sleep requests, the PC's state changes,
+  moved through the same table as the PC (`control.pc.core.lifecycle`);
+- `PrefetchTracker` (section 6.5): who may send directives, the pending quota, per-directive state;
+- `OutputGate` / `OutputAssembler` (section 6.8): token labels, checkpoints, release, reassembly;
+- `ShardStore` (section 6.9): KV by token range, plan, acknowledge, commit or abort.
+
+What each returned action asks the HTTP adapter to do is said in `control.instance.core.events`.
+"""
+
+from control.instance.core.events import (
+    Aborted,
+    AckPlan,
+    CancelFetches,
+    CancelLoads,
+    Committed,
+    FetchRange,
+    LoadBlock,
+    OutputToken,
+    PlanFailed,
+    PrefetchAction,
+    ReportStatus,
+    ShardAction,
+)
+from control.instance.core.generation import OutputAssembler, OutputGate, OutputOverflow
+from control.instance.core.lifecycle import InstanceLifecycle
+from control.instance.core.prefetch import DirectiveForbidden, DirectiveQuotaExceeded, PrefetchTracker
+from control.instance.core.shards import Segment, ShardStore
+
+__all__ = [
+    "Aborted",
+    "AckPlan",
+    "CancelFetches",
+    "CancelLoads",
+    "Committed",
+    "DirectiveForbidden",
+    "DirectiveQuotaExceeded",
+    "FetchRange",
+    "InstanceLifecycle",
+    "LoadBlock",
+    "OutputAssembler",
+    "OutputGate",
+    "OutputOverflow",
+    "OutputToken",
+    "PlanFailed",
+    "PrefetchAction",
+    "PrefetchTracker",
+    "ReportStatus",
+    "Segment",
+    "ShardAction",
+    "ShardStore",
+]

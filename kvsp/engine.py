@@ -1,0 +1,364 @@
+"""The engine interface an inference instance drives, and a deterministic engine for tests.
+
+`Engine` is what the instance needs from a model, whatever runs it (decision D6: the reference
+adapter wraps Hugging Face ``transformers``): prefill a context with a loaded KV prefix, decode one
+token at a time, move KV in and out by block and layer in layout "kvsp-layout-1" (spec section 4.3),
+and get and restore the sampler state that a Session Checkpoint carries (section 6.8).  One `Engine`
+object is one generation context; a batching engine hands out one per sequence.
+
+`DeterministicTestEngine` is a TEST engine, not a model.  It needs only numpy and makes every value a
+documented function, so that tests can check what migration and cache loading promise (same tokens ->
+same KV -> same continuation on another instance) without weights:
+
+- KV value of (kind K=0 / V=1, token, position, layer, head, dim): chain the 64-bit SplitMix64
+  finaliser ``mix`` over the inputs, ``h = mix(mix(mix(mix(mix(KIND[kind] ^ token) ^ position) ^ layer)
+  ^ head) ^ dim)`` with ``KIND = (0x4B5653502D4B0000, 0x4B5653502D560000)`` ("KVSP-K", "KVSP-V"), and
+  take ``float16((h >> 40) / 2**24 * 2 - 1)``, a value in [-1, 1).  Unlike a real
+  model, it does not depend on earlier tokens; the Block Key chain still binds a block to its prefix.
+- Context fingerprint: BLAKE2b (8 octets, person ``kvsp-test-ctx``) over the cache in position order:
+  for each position, for each layer 0..L-1 in turn, its K row then its V row (float16, little-endian).
+  It is computed from the cache contents, not from the token ids, so loading wrong KV changes the
+  output, as it would in a model.
+- Logits: with ``s`` the fingerprint as a little-endian integer, ``logits[v] = ((mix(mix(s) ^ v) >> 11)
+  * 2**-53 * 2 - 1) * LOGIT_SCALE`` (float32).
+- Sampling: "greedy" takes the first argmax (deterministic: true).  "top-p" (params ``p``, optional
+  ``temperature``) keeps the smallest set of most probable tokens whose probability reaches p and draws
+  one with ``random.Random(seed).random()``; each top-p token consumes exactly one draw.  ``step``
+  counts sampled tokens, so restoring (seed, step) is ``Random(seed)`` advanced by ``step`` draws.
+
+The next token is thus a function of the cached KV and the sampler state alone: an instance that
+resumes from a checkpoint (loading or recomputing the same KV, restoring the same sampler) continues
+exactly where the failed one would have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from kvsp.records import Sampler
+
+LAYOUT: Final = "kvsp-layout-1"
+LOGIT_SCALE: Final = 8.0
+GREEDY: Final = "greedy"
+TOP_P: Final = "top-p"
+_KIND: Final = (np.uint64(0x4B5653502D4B0000), np.uint64(0x4B5653502D560000))  # "KVSP-K", "KVSP-V"
+_U64 = npt.NDArray[np.uint64]
+_F16 = npt.NDArray[np.float16]
+Bytes = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class EngineGeometry:
+    """Cache geometry (as in the Compatibility Descriptor) plus the vocabulary size."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    block_tokens: int
+    vocab_size: int
+    kv_dtype: str = "fp16"
+
+    def __post_init__(self) -> None:
+        if min(self.layers, self.kv_heads, self.head_dim, self.block_tokens, self.vocab_size) < 1:
+            raise ValueError("every geometry member must be positive")
+
+    @property
+    def section_octets(self) -> int:
+        """Octets of one K (or V) section of one block and one layer (2-octet elements)."""
+        return self.block_tokens * self.kv_heads * self.head_dim * 2
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LayerKv:
+    """K and V sections of one layer of one block, in kvsp-layout-1 (token slowest, dim fastest, LE)."""
+
+    layer: int
+    k: memoryview
+    v: memoryview
+
+
+BlockKv = Sequence[LayerKv]  # all layers of one block, ascending
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Step:
+    """The token sampled after the current context, and the logits it was sampled from."""
+
+    token: int
+    logits: npt.NDArray[np.float32]
+
+
+class Engine(Protocol):
+    """One generation context of a model, as the inference instance drives it."""
+
+    @property
+    def geometry(self) -> EngineGeometry: ...
+
+    @property
+    def context_length(self) -> int:
+        """Tokens whose KV is in the cache."""
+        ...
+
+    def prefill(self, tokens: Sequence[int], loaded_prefix_kv: Sequence[BlockKv] = ()) -> Step:
+        """Start a context of ``tokens``: take the KV of the leading blocks from ``loaded_prefix_kv``
+        (and from complete blocks given to `import_kv`), compute the rest, and sample the next token."""
+        ...
+
+    def decode_step(self) -> Step:
+        """Append the last sampled token to the context and sample the next one."""
+        ...
+
+    def export_kv(self, block: int, layers: tuple[int, int]) -> list[LayerKv]:
+        """K and V of a complete cached block for the inclusive layer range, ascending."""
+        ...
+
+    def import_kv(self, block: int, layer: int, k: Bytes, v: Bytes) -> None:
+        """Stage one layer of a loaded block for the next `prefill` (layers may arrive one by one)."""
+        ...
+
+    def sampler_state(self) -> Sampler:
+        """What a Session Checkpoint records: method, params, seed, step, deterministic."""
+        ...
+
+    def restore_sampler(self, state: Sampler) -> None:
+        """Continue sampling exactly as the engine that reported ``state`` would have."""
+        ...
+
+
+def greedy_sampler(seed: int = 0) -> Sampler:
+    return Sampler(GREEDY, (), seed, 0, True)
+
+
+def top_p_sampler(p: float, seed: int, *, temperature: float = 1.0) -> Sampler:
+    return Sampler(TOP_P, (("p", p), ("temperature", temperature)), seed, 0, False)
+
+
+def mix64(x: _U64) -> _U64:
+    """SplitMix64's finaliser on uint64 arrays (wrapping arithmetic): the test engine's hash."""
+    z = x + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def kv_values(geometry: EngineGeometry, kind: int, tokens: Sequence[int], start: int, layer: int) -> _F16:
+    """The documented KV of ``tokens`` at positions start.. for one layer: shape (tokens, heads, dim)."""
+    tok = np.asarray(tokens, dtype=np.uint64).reshape(-1, 1, 1)
+    pos = np.arange(start, start + len(tokens), dtype=np.uint64).reshape(-1, 1, 1)
+    heads = np.arange(geometry.kv_heads, dtype=np.uint64).reshape(1, -1, 1)
+    dims = np.arange(geometry.head_dim, dtype=np.uint64).reshape(1, 1, -1)
+    h = mix64(mix64(mix64(_KIND[kind] ^ tok) ^ pos) ^ np.uint64(layer))
+    h = mix64(mix64(h ^ heads) ^ dims)
+    return ((h >> np.uint64(40)).astype(np.float64) / 2**24 * 2 - 1).astype("<f2")
+
+
+def _octets(array: _F16) -> memoryview:
+    """The array's octets as a view (no copy); cache slices along the token axis are contiguous."""
+    if not array.flags.c_contiguous:
+        raise ValueError("KV sections must be contiguous")
+    return array.data.cast("B")
+
+
+def _logits(fingerprint: bytes, vocab_size: int) -> npt.NDArray[np.float32]:
+    seed = mix64(np.array([int.from_bytes(fingerprint, "little")], dtype=np.uint64))
+    h = mix64(seed ^ np.arange(vocab_size, dtype=np.uint64))
+    return (((h >> np.uint64(11)).astype(np.float64) * 2.0**-53 * 2 - 1) * LOGIT_SCALE).astype(np.float32)
+
+
+class _SamplerState:
+    """Sampler method, parameters and a `random.Random` whose position is (seed, step)."""
+
+    __slots__ = ("rng", "state")
+
+    def __init__(self, state: Sampler) -> None:
+        if state.method not in (GREEDY, TOP_P):
+            raise ValueError(f"the test engine samples {GREEDY!r} or {TOP_P!r}, not {state.method!r}")
+        self.state = state
+        self.rng = random.Random(state.seed)
+        if state.method == TOP_P:
+            for _ in range(state.step):
+                self.rng.random()
+
+    def sample(self, logits: npt.NDArray[np.float32]) -> int:
+        state = self.state
+        if state.method == GREEDY:
+            token = int(np.argmax(logits))
+        else:
+            token = self._top_p(logits, float(_number(state, "p", 1.0)), float(_number(state, "temperature", 1.0)))
+        self.state = Sampler(state.method, state.params, state.seed, state.step + 1, state.deterministic)
+        return token
+
+    def _top_p(self, logits: npt.NDArray[np.float32], p: float, temperature: float) -> int:
+        scaled = logits.astype(np.float64) / temperature
+        probs = np.exp(scaled - scaled.max())
+        probs /= probs.sum()
+        order = np.argsort(-probs, kind="stable")
+        cumulative = np.cumsum(probs[order])
+        keep = order[: min(len(order), int(np.searchsorted(cumulative, p)) + 1)]
+        kept = probs[keep] / probs[keep].sum()
+        draw = self.rng.random()
+        index = min(int(np.searchsorted(np.cumsum(kept), draw, side="right")), len(keep) - 1)
+        return int(keep[index])
+
+
+def _number(state: Sampler, name: str, default: float) -> float:
+    try:
+        value = state.param(name)
+    except KeyError:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"sampler parameter {name} must be a number")
+    return float(value)
+
+
+class DeterministicTestEngine:
+    """A TEST engine (numpy only) whose KV, logits and samples are documented functions; see the module."""
+
+    __slots__ = ("_fingerprint", "_geometry", "_kv", "_length", "_pending", "_sampler", "_staged",
+                 "loaded_tokens", "recomputed_tokens")
+
+    def __init__(self, geometry: EngineGeometry, sampler: Sampler | None = None) -> None:
+        self._geometry = geometry
+        self._sampler = _SamplerState(sampler or greedy_sampler())
+        self._kv: _F16 = self._allocate(geometry.block_tokens)
+        self._length = 0
+        self._pending: int | None = None
+        self._fingerprint = self._new_fingerprint()
+        self._staged: dict[int, dict[int, tuple[_F16, _F16]]] = {}
+        self.loaded_tokens = 0  # tokens of the last prefill whose KV was loaded rather than computed
+        self.recomputed_tokens = 0
+
+    @property
+    def geometry(self) -> EngineGeometry:
+        return self._geometry
+
+    @property
+    def context_length(self) -> int:
+        return self._length
+
+    # -- the Engine protocol ---------------------------------------------------------------------
+    def prefill(self, tokens: Sequence[int], loaded_prefix_kv: Sequence[BlockKv] = ()) -> Step:
+        if not tokens:
+            raise ValueError("prefill needs at least one token")
+        g = self._geometry
+        self._kv, self._length = self._allocate(len(tokens)), 0
+        self._fingerprint = self._new_fingerprint()
+        loaded = self._loaded_blocks(loaded_prefix_kv, len(tokens) // g.block_tokens)
+        for block, layers in enumerate(loaded):
+            for layer, (k, v) in enumerate(layers):
+                rows = slice(block * g.block_tokens, (block + 1) * g.block_tokens)
+                self._kv[0, layer, rows], self._kv[1, layer, rows] = k, v
+        start = len(loaded) * g.block_tokens
+        self._compute(tokens[start:], start)
+        self._length = len(tokens)
+        self._absorb(0, len(tokens))
+        self._staged.clear()
+        self.loaded_tokens, self.recomputed_tokens = start, len(tokens) - start
+        return self._sample()
+
+    def decode_step(self) -> Step:
+        if self._pending is None:
+            raise RuntimeError("decode_step needs a prefill first")
+        if self._length == self._kv.shape[2]:
+            grown = self._allocate(2 * self._length)
+            grown[:, :, : self._length] = self._kv[:, :, : self._length]
+            self._kv = grown
+        self._compute([self._pending], self._length)
+        self._length += 1
+        self._absorb(self._length - 1, self._length)
+        return self._sample()
+
+    def export_kv(self, block: int, layers: tuple[int, int]) -> list[LayerKv]:
+        g = self._geometry
+        first, last = layers
+        if not 0 <= first <= last < g.layers:
+            raise ValueError(f"layers {first}-{last} outside 0-{g.layers - 1}")
+        if block < 0 or (block + 1) * g.block_tokens > self._length:
+            raise ValueError(f"block {block} is not complete in a context of {self._length} tokens")
+        rows = slice(block * g.block_tokens, (block + 1) * g.block_tokens)
+        return [LayerKv(layer, _octets(self._kv[0, layer, rows]), _octets(self._kv[1, layer, rows]))
+                for layer in range(first, last + 1)]
+
+    def import_kv(self, block: int, layer: int, k: Bytes, v: Bytes) -> None:
+        g = self._geometry
+        if block < 0 or not 0 <= layer < g.layers:
+            raise ValueError(f"block {block} layer {layer} outside the geometry")
+        self._staged.setdefault(block, {})[layer] = (self._section(k), self._section(v))
+
+    def sampler_state(self) -> Sampler:
+        return self._sampler.state
+
+    def restore_sampler(self, state: Sampler) -> None:
+        self._sampler = _SamplerState(state)
+
+    # -- for tests -----------------------------------------------------------------------------
+    def reference_kv(self, tokens: Sequence[int], block: int) -> list[LayerKv]:
+        """The KV that block ``block`` of ``tokens`` has under this engine (what a holder would serve)."""
+        g = self._geometry
+        chunk = tokens[block * g.block_tokens : (block + 1) * g.block_tokens]
+        if len(chunk) != g.block_tokens:
+            raise ValueError(f"block {block} is not complete in {len(tokens)} tokens")
+        start = block * g.block_tokens
+        return [LayerKv(layer, _octets(kv_values(g, 0, chunk, start, layer)),
+                        _octets(kv_values(g, 1, chunk, start, layer))) for layer in range(g.layers)]
+
+    # -- internals -----------------------------------------------------------------------------
+    def _allocate(self, tokens: int) -> _F16:
+        g = self._geometry
+        return np.zeros((2, g.layers, max(tokens, 1), g.kv_heads, g.head_dim), dtype="<f2")
+
+    @staticmethod
+    def _new_fingerprint() -> hashlib.blake2b:
+        return hashlib.blake2b(digest_size=8, person=b"kvsp-test-ctx")
+
+    def _section(self, data: Bytes) -> _F16:
+        g = self._geometry
+        view = memoryview(data).cast("B")
+        if view.nbytes != g.section_octets:
+            raise ValueError(f"a section of one block and layer is {g.section_octets} octets, not {view.nbytes}")
+        return np.frombuffer(view, dtype="<f2").reshape(g.block_tokens, g.kv_heads, g.head_dim)
+
+    def _loaded_blocks(self, given: Sequence[BlockKv], complete: int) -> list[list[tuple[_F16, _F16]]]:
+        """Leading blocks whose every layer is available, from ``given`` or from staged imports."""
+        g = self._geometry
+        out: list[list[tuple[_F16, _F16]]] = []
+        for block in range(complete):
+            if block < len(given):
+                layers = {lk.layer: (self._section(lk.k), self._section(lk.v)) for lk in given[block]}
+            else:
+                layers = self._staged.get(block, {})
+            if len(layers) != g.layers or set(layers) != set(range(g.layers)):
+                break
+            out.append([layers[layer] for layer in range(g.layers)])
+        return out
+
+    def _compute(self, tokens: Sequence[int], start: int) -> None:
+        if not tokens:
+            return
+        for layer in range(self._geometry.layers):
+            for kind in (0, 1):
+                self._kv[kind, layer, start : start + len(tokens)] = kv_values(self._geometry, kind, tokens, start,
+                                                                                layer)
+
+    def _absorb(self, start: int, end: int) -> None:
+        """Feed positions [start, end) to the fingerprint, position by position (K then V per layer)."""
+        rows = self._kv[:, :, start:end].transpose(2, 1, 0, 3, 4)  # position, layer, K/V, head, dim
+        self._fingerprint.update(np.ascontiguousarray(rows).tobytes())
+
+    def _sample(self) -> Step:
+        logits = _logits(self._fingerprint.copy().digest(), self._geometry.vocab_size)
+        token = self._sampler.sample(logits)
+        self._pending = token
+        return Step(token, logits)
+
+
+def _conforms(engine: DeterministicTestEngine) -> Engine:
+    """Static check (mypy): the test engine implements the whole `Engine` protocol."""
+    return engine
