@@ -1,1 +1,125 @@
-"""kvsp moqt package (see docs/architecture.md)."""
+"""MOQT (Media over QUIC Transport) draft-14 for kvsp: wire codecs and a sans-I/O session.
+
+The session sits on an aioquic ``QuicConnection`` the way ``H3Connection`` does: feed it every QUIC
+event with ``handle_event`` and act on the returned MOQT events; its methods write to the connection.
+See docs/architecture.md and decision D3 (/work/shared/design/decisions.md).
+"""
+
+from moqt._core import SessionLimits
+from moqt._tokens import ResolvedToken
+from moqt.data import (
+    DataStreamParser,
+    FetchHeader,
+    FetchWriter,
+    ObjectDatagram,
+    ObjectHeader,
+    PayloadChunk,
+    StreamFinished,
+    SubgroupHeader,
+    SubgroupIdMode,
+    SubgroupWriter,
+)
+from moqt.errors import (
+    GoingAwayError,
+    LocalError,
+    MoqtError,
+    NeedMoreData,
+    ProtocolViolation,
+    RequestsBlockedError,
+    SessionClosedError,
+    StreamClosedError,
+)
+from moqt.events import (
+    ControlMessageReceived,
+    DataStreamEnded,
+    DataStreamReset,
+    DataStreamStopped,
+    MalformedTrack,
+    MoqtEvent,
+    ObjectChunkReceived,
+    ObjectReceived,
+    ObjectSource,
+    SessionEstablished,
+    SessionTerminated,
+    SetupRequested,
+)
+from moqt.params import AuthToken, RequestParameters, SetupParameters
+from moqt.profile import (
+    DRAFT_14,
+    AliasType,
+    FetchErrorCode,
+    FetchType,
+    FilterType,
+    GroupOrder,
+    MessageType,
+    ObjectStatus,
+    Profile,
+    PublishDoneCode,
+    PublishErrorCode,
+    PublishNamespaceErrorCode,
+    SessionErrorCode,
+    StreamResetCode,
+    SubscribeErrorCode,
+    SubscribeNamespaceErrorCode,
+)
+from moqt.session import MoqtSession, Role
+from moqt.wire import KeyValuePair, Location, Namespace
+
+__all__ = [
+    "DRAFT_14",
+    "AliasType",
+    "AuthToken",
+    "ControlMessageReceived",
+    "DataStreamEnded",
+    "DataStreamParser",
+    "DataStreamReset",
+    "DataStreamStopped",
+    "FetchErrorCode",
+    "FetchHeader",
+    "FetchType",
+    "FetchWriter",
+    "FilterType",
+    "GoingAwayError",
+    "GroupOrder",
+    "KeyValuePair",
+    "LocalError",
+    "Location",
+    "MalformedTrack",
+    "MessageType",
+    "MoqtError",
+    "MoqtEvent",
+    "MoqtSession",
+    "Namespace",
+    "NeedMoreData",
+    "ObjectChunkReceived",
+    "ObjectDatagram",
+    "ObjectHeader",
+    "ObjectReceived",
+    "ObjectSource",
+    "ObjectStatus",
+    "PayloadChunk",
+    "Profile",
+    "ProtocolViolation",
+    "PublishDoneCode",
+    "PublishErrorCode",
+    "PublishNamespaceErrorCode",
+    "RequestParameters",
+    "RequestsBlockedError",
+    "ResolvedToken",
+    "Role",
+    "SessionClosedError",
+    "SessionErrorCode",
+    "SessionEstablished",
+    "SessionLimits",
+    "SessionTerminated",
+    "SetupParameters",
+    "SetupRequested",
+    "StreamClosedError",
+    "StreamFinished",
+    "StreamResetCode",
+    "SubgroupHeader",
+    "SubgroupIdMode",
+    "SubgroupWriter",
+    "SubscribeErrorCode",
+    "SubscribeNamespaceErrorCode",
+]

@@ -1,0 +1,382 @@
+"""The request half of ``MoqtSession``'s public API: every control message an application sends.
+
+Why a separate base class: the session facade would otherwise exceed the module size we allow; the
+split follows the draft -- this file is "Control Messages" (requests and their answers), the session
+module keeps the lifecycle, setup and the data plane. A request's message is built (and so checked)
+before its Request ID is taken, so a rejected argument never leaves a gap in the ID sequence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TypeVar
+
+from moqt._control import filter_start
+from moqt._core import Request, RequestKind, SessionCore
+from moqt._datastreams import DataReceiver
+from moqt.errors import GoingAwayError, LocalError, RequestsBlockedError, SessionClosedError
+from moqt.messages import (
+    ControlMessage,
+    Fetch,
+    FetchCancel,
+    FetchError,
+    FetchOk,
+    JoiningFetch,
+    Publish,
+    PublishDone,
+    PublishError,
+    PublishNamespace,
+    PublishNamespaceCancel,
+    PublishNamespaceDone,
+    PublishNamespaceError,
+    PublishNamespaceOk,
+    PublishOk,
+    RequestsBlocked,
+    StandaloneFetch,
+    Subscribe,
+    SubscribeError,
+    SubscribeNamespace,
+    SubscribeNamespaceError,
+    SubscribeNamespaceOk,
+    SubscribeOk,
+    SubscribeUpdate,
+    TrackStatus,
+    TrackStatusError,
+    TrackStatusOk,
+    Unsubscribe,
+    UnsubscribeNamespace,
+)
+from moqt.params import RequestParameters
+from moqt.profile import (
+    FetchErrorCode,
+    FetchType,
+    FilterType,
+    GroupOrder,
+    PublishDoneCode,
+    PublishErrorCode,
+    PublishNamespaceErrorCode,
+    SubscribeErrorCode,
+    SubscribeNamespaceErrorCode,
+)
+from moqt.wire import Location, Namespace
+
+M = TypeVar("M", bound=ControlMessage)
+
+
+class RequestApi:
+    """Sending requests, answers, updates and cancellations; state checks raise ``LocalError``."""
+
+    _core: SessionCore
+    _data: DataReceiver
+
+    # -- shared checks ---------------------------------------------------------------------------
+    def _check_open(self) -> SessionCore:
+        core = self._core
+        if core.done:
+            raise SessionClosedError("the session is closed")
+        if not core.established:
+            raise LocalError("the session is not established yet")
+        return core
+
+    def _new_request_id(self, *, new_request: bool = True) -> int:
+        core = self._check_open()
+        if new_request and core.goaway_received:
+            raise GoingAwayError("the peer sent GOAWAY")
+        if not core.ids.can_allocate():
+            report = core.ids.take_blocked_report()
+            if report is not None:
+                core.send_control(RequestsBlocked(report))
+            raise RequestsBlockedError(core.ids.peer_max)
+        return core.ids.allocate()
+
+    def _send_request(self, draft: M, request: Request, *, new_request: bool = True) -> M:
+        """Take the next Request ID for an already-validated message, record it and send it."""
+        request_id = self._new_request_id(new_request=new_request)
+        message = dataclasses.replace(draft, request_id=request_id)
+        request.request_id = request_id
+        self._core.requests[request_id] = request
+        self._core.send_control(message)
+        return message
+
+    def _remote(self, request_id: int, kind: RequestKind) -> Request:
+        """The peer's request ``request_id`` of ``kind``, still awaiting our answer."""
+        core = self._check_open()
+        request = core.requests.get(request_id)
+        if request is None or request.local or request.kind != kind or request.answered:
+            raise LocalError(f"no {kind.value} {request_id} awaits an answer")
+        return request
+
+    def _local(self, request_id: int, kind: RequestKind) -> Request:
+        core = self._check_open()
+        request = core.requests.get(request_id)
+        if request is None or not request.local or request.kind != kind:
+            raise LocalError(f"no open {kind.value} {request_id} of ours")
+        return request
+
+    def _pick_alias(self, track_alias: int | None) -> int:
+        """A Track Alias no subscription we publish uses: the caller's, or the next free one."""
+        core = self._check_open()
+        in_use = {r.track_alias for r in core.requests.values() if r.we_publish}
+        if track_alias is not None:
+            if track_alias in in_use:
+                raise LocalError(f"Track Alias {track_alias} is in use")
+            return track_alias
+        alias = core.allocate_track_alias()
+        while alias in in_use:
+            alias = core.allocate_track_alias()
+        return alias
+
+    def _answered(self, request: Request, message: ControlMessage, *, remove: bool) -> None:
+        request.answered = True
+        self._core.send_control(message)
+        if remove:
+            self._core.remove_request(request)
+
+    # -- SUBSCRIBE (subscriber side) -------------------------------------------------------------
+    def subscribe(self, namespace: Namespace, track_name: bytes, *,
+                  filter_type: FilterType = FilterType.LARGEST_OBJECT, start_location: Location | None = None,
+                  end_group: int | None = None, subscriber_priority: int = 128,
+                  group_order: GroupOrder = GroupOrder.PUBLISHER_DEFAULT, forward: bool = True,
+                  parameters: RequestParameters | None = None) -> int:
+        """Send SUBSCRIBE; returns its Request ID. Objects arrive as ``ObjectReceived``."""
+        core = self._check_open()
+        if any(r.we_subscribe and (r.namespace, r.track_name) == (namespace, track_name)
+               for r in core.requests.values()):
+            raise LocalError("already subscribed to this track")
+        draft = Subscribe(0, namespace, track_name, subscriber_priority, group_order, forward, filter_type,
+                          start_location, end_group, parameters or RequestParameters())
+        request = Request(0, RequestKind.SUBSCRIBE, True, namespace, track_name, filter_type=filter_type,
+                          start=start_location, end_group=end_group, forward=forward, group_order=group_order)
+        return self._send_request(draft, request).request_id
+
+    def subscribe_update(self, subscription_request_id: int, *, start_location: Location,
+                         end_group: int | None = None, subscriber_priority: int = 128, forward: bool = True,
+                         parameters: RequestParameters | None = None) -> int:
+        """Narrow (or pause/resume with ``forward``) one of our subscriptions; returns the new Request ID."""
+        core = self._check_open()
+        target = core.requests.get(subscription_request_id)
+        if target is None or not target.we_subscribe:
+            raise LocalError(f"{subscription_request_id} is not an open subscription of ours")
+        if target.start is not None and start_location < target.start:
+            raise LocalError("SUBSCRIBE_UPDATE cannot move the Start Location back")
+        if target.end_group is not None and (end_group is None or end_group > target.end_group):
+            raise LocalError("SUBSCRIBE_UPDATE cannot move the End Group forward")
+        if end_group is not None and end_group < start_location.group:
+            raise LocalError("End Group before the Start Location's group")
+        draft = SubscribeUpdate(0, subscription_request_id, start_location, end_group, subscriber_priority, forward,
+                                parameters or RequestParameters())
+        request_id = self._new_request_id(new_request=False)
+        core.send_control(dataclasses.replace(draft, request_id=request_id))
+        target.start, target.end_group, target.forward = start_location, end_group, forward
+        return request_id
+
+    def unsubscribe(self, request_id: int) -> None:
+        """End a subscription we receive (ours by SUBSCRIBE, or the peer's accepted PUBLISH)."""
+        core = self._check_open()
+        request = core.requests.get(request_id)
+        if request is None or not request.we_subscribe:
+            raise LocalError(f"{request_id} is not an open subscription of ours")
+        if not request.local and not request.answered:
+            raise LocalError("answer the PUBLISH (publish_ok / publish_error) first")
+        core.send_control(Unsubscribe(request_id))
+        self._data.drop_request_streams(request_id)
+        if request.answered:
+            core.remove_request(request)
+        else:
+            request.cancelled = True  # its SUBSCRIBE_OK/ERROR is still on the way
+
+    # -- SUBSCRIBE (publisher side) --------------------------------------------------------------
+    def subscribe_ok(self, request_id: int, *, track_alias: int | None = None, expires: int = 0,
+                     group_order: GroupOrder = GroupOrder.ASCENDING, largest_location: Location | None = None,
+                     parameters: RequestParameters | None = None) -> int:
+        """Accept the peer's SUBSCRIBE; returns the Track Alias its objects will carry."""
+        request = self._remote(request_id, RequestKind.SUBSCRIBE)
+        alias = self._pick_alias(track_alias)
+        message = SubscribeOk(request_id, alias, expires, group_order, largest_location,
+                              parameters or RequestParameters())
+        request.track_alias, request.group_order = alias, group_order
+        request.start = filter_start(request.filter_type, request.start, largest_location)
+        self._answered(request, message, remove=False)
+        return alias
+
+    def subscribe_error(self, request_id: int, error_code: int = SubscribeErrorCode.TRACK_DOES_NOT_EXIST,
+                        reason: str = "") -> None:
+        """Refuse the peer's SUBSCRIBE (codes in ``SubscribeErrorCode``); no objects may follow."""
+        request = self._remote(request_id, RequestKind.SUBSCRIBE)
+        self._answered(request, SubscribeError(request_id, error_code, reason), remove=True)
+
+    def publish_done(self, request_id: int, status_code: int = PublishDoneCode.TRACK_ENDED, reason: str = "", *,
+                     stream_count: int | None = None) -> None:
+        """End a subscription we publish. Its streams must be closed first; Stream Count is counted."""
+        core = self._check_open()
+        request = core.requests.get(request_id)
+        if request is None or not request.we_publish or (not request.local and not request.answered):
+            raise LocalError(f"{request_id} is not an accepted subscription to us")
+        if request.open_streams:
+            raise LocalError("close the subscription's data streams before PUBLISH_DONE")
+        count = request.streams_opened if stream_count is None else stream_count
+        core.send_control(PublishDone(request_id, status_code, count, reason))
+        core.remove_request(request)
+
+    # -- TRACK_STATUS ----------------------------------------------------------------------------
+    def track_status(self, namespace: Namespace, track_name: bytes, *,
+                     filter_type: FilterType = FilterType.LARGEST_OBJECT, start_location: Location | None = None,
+                     end_group: int | None = None, subscriber_priority: int = 128,
+                     group_order: GroupOrder = GroupOrder.PUBLISHER_DEFAULT, forward: bool = True,
+                     parameters: RequestParameters | None = None) -> int:
+        """Ask for a track's status (same fields as SUBSCRIBE; creates no subscription)."""
+        draft = TrackStatus(0, namespace, track_name, subscriber_priority, group_order, forward, filter_type,
+                            start_location, end_group, parameters or RequestParameters())
+        return self._send_request(draft, Request(0, RequestKind.TRACK_STATUS, True, namespace, track_name)).request_id
+
+    def track_status_ok(self, request_id: int, *, expires: int = 0, group_order: GroupOrder = GroupOrder.ASCENDING,
+                        largest_location: Location | None = None, parameters: RequestParameters | None = None) -> None:
+        """Answer TRACK_STATUS as a SUBSCRIBE_OK would be filled in, with Track Alias 0."""
+        request = self._remote(request_id, RequestKind.TRACK_STATUS)
+        message = TrackStatusOk(request_id, 0, expires, group_order, largest_location,
+                                parameters or RequestParameters())
+        self._answered(request, message, remove=True)
+
+    def track_status_error(self, request_id: int, error_code: int = SubscribeErrorCode.TRACK_DOES_NOT_EXIST,
+                           reason: str = "") -> None:
+        """Answer TRACK_STATUS as a SUBSCRIBE_ERROR would be."""
+        request = self._remote(request_id, RequestKind.TRACK_STATUS)
+        self._answered(request, TrackStatusError(request_id, error_code, reason), remove=True)
+
+    # -- FETCH -----------------------------------------------------------------------------------
+    def fetch(self, namespace: Namespace, track_name: bytes, start: Location, end: Location, *,
+              subscriber_priority: int = 128, group_order: GroupOrder = GroupOrder.PUBLISHER_DEFAULT,
+              parameters: RequestParameters | None = None) -> int:
+        """Standalone FETCH of [start, end) ("End Location plus 1"; end.object 0 = all of end.group)."""
+        draft = Fetch(0, FetchType.STANDALONE, StandaloneFetch(namespace, track_name, start, end), None,
+                      subscriber_priority, group_order, parameters or RequestParameters())
+        request = Request(0, RequestKind.FETCH, True, namespace, track_name, fetch_start=start,
+                          group_order=group_order)
+        return self._send_request(draft, request).request_id
+
+    def joining_fetch(self, subscription_request_id: int, joining_start: int, *, absolute: bool = False,
+                      subscriber_priority: int = 128, group_order: GroupOrder = GroupOrder.PUBLISHER_DEFAULT,
+                      parameters: RequestParameters | None = None) -> int:
+        """Relative (groups back from the subscription's Largest) or absolute joining FETCH."""
+        target = self._local(subscription_request_id, RequestKind.SUBSCRIBE)
+        kind = FetchType.ABSOLUTE_JOINING if absolute else FetchType.RELATIVE_JOINING
+        draft = Fetch(0, kind, None, JoiningFetch(subscription_request_id, joining_start), subscriber_priority,
+                      group_order, parameters or RequestParameters())
+        request = Request(0, RequestKind.FETCH, True, target.namespace, target.track_name, group_order=group_order)
+        return self._send_request(draft, request).request_id
+
+    def fetch_cancel(self, request_id: int) -> None:
+        """Withdraw our FETCH; the fetch stream, if open, is stopped (the draft requires the message)."""
+        request = self._local(request_id, RequestKind.FETCH)
+        self._core.send_control(FetchCancel(request_id))
+        self._data.drop_request_streams(request_id)
+        if request.answered:
+            self._core.remove_request(request)
+        else:
+            request.cancelled = True
+
+    def fetch_ok(self, request_id: int, end_location: Location, *, end_of_track: bool = False,
+                 group_order: GroupOrder = GroupOrder.ASCENDING, parameters: RequestParameters | None = None) -> None:
+        """Accept the peer's FETCH; ``end_location`` is the end of what will be sent (plus 1, as in FETCH)."""
+        request = self._remote(request_id, RequestKind.FETCH)
+        message = FetchOk(request_id, end_location, group_order, end_of_track, parameters or RequestParameters())
+        self._answered(request, message, remove=request.fetch_stream_done)
+
+    def fetch_error(self, request_id: int, error_code: int = FetchErrorCode.TRACK_DOES_NOT_EXIST,
+                    reason: str = "") -> None:
+        """Refuse the peer's FETCH (codes in ``FetchErrorCode``); an open fetch stream is reset."""
+        request = self._remote(request_id, RequestKind.FETCH)
+        self._core.reset_request_streams(request)
+        self._answered(request, FetchError(request_id, error_code, reason), remove=True)
+
+    # -- PUBLISH ---------------------------------------------------------------------------------
+    def publish(self, namespace: Namespace, track_name: bytes, *, track_alias: int | None = None,
+                group_order: GroupOrder = GroupOrder.ASCENDING, largest_location: Location | None = None,
+                forward: bool = True, parameters: RequestParameters | None = None) -> int:
+        """Offer a track to the peer (PUBLISH); objects may be sent before PUBLISH_OK arrives."""
+        alias = self._pick_alias(track_alias)
+        draft = Publish(0, namespace, track_name, alias, group_order, largest_location, forward,
+                        parameters or RequestParameters())
+        request = Request(0, RequestKind.PUBLISH, True, namespace, track_name, track_alias=alias, forward=forward,
+                          group_order=group_order, last_location=largest_location)
+        return self._send_request(draft, request).request_id
+
+    def publish_ok(self, request_id: int, *, forward: bool = True, subscriber_priority: int = 128,
+                   group_order: GroupOrder = GroupOrder.ASCENDING, filter_type: FilterType = FilterType.LARGEST_OBJECT,
+                   start_location: Location | None = None, end_group: int | None = None,
+                   parameters: RequestParameters | None = None) -> None:
+        """Accept the peer's PUBLISH, with our Forward State, priority and filter."""
+        request = self._remote(request_id, RequestKind.PUBLISH)
+        message = PublishOk(request_id, forward, subscriber_priority, group_order, filter_type, start_location,
+                            end_group, parameters or RequestParameters())
+        request.filter_type, request.end_group = filter_type, end_group
+        request.start = filter_start(filter_type, start_location, request.last_location)
+        self._answered(request, message, remove=False)
+
+    def publish_error(self, request_id: int, error_code: int = PublishErrorCode.UNINTERESTED,
+                      reason: str = "") -> None:
+        """Refuse the peer's PUBLISH; streams it already opened are stopped."""
+        request = self._remote(request_id, RequestKind.PUBLISH)
+        self._data.drop_request_streams(request_id)
+        self._answered(request, PublishError(request_id, error_code, reason), remove=True)
+
+    # -- PUBLISH_NAMESPACE -----------------------------------------------------------------------
+    def publish_namespace(self, namespace: Namespace, *, parameters: RequestParameters | None = None) -> int:
+        """Advertise that we have tracks under ``namespace``; returns the Request ID."""
+        draft = PublishNamespace(0, namespace, parameters or RequestParameters())
+        return self._send_request(draft, Request(0, RequestKind.PUBLISH_NAMESPACE, True, namespace)).request_id
+
+    def publish_namespace_ok(self, request_id: int) -> None:
+        """Accept the peer's PUBLISH_NAMESPACE."""
+        request = self._remote(request_id, RequestKind.PUBLISH_NAMESPACE)
+        self._answered(request, PublishNamespaceOk(request_id), remove=False)
+
+    def publish_namespace_error(self, request_id: int, error_code: int = PublishNamespaceErrorCode.UNINTERESTED,
+                                reason: str = "") -> None:
+        """Refuse the peer's PUBLISH_NAMESPACE (e.g. UNAUTHORIZED for a holder-id it may not publish)."""
+        request = self._remote(request_id, RequestKind.PUBLISH_NAMESPACE)
+        self._answered(request, PublishNamespaceError(request_id, error_code, reason), remove=True)
+
+    def publish_namespace_done(self, namespace: Namespace) -> None:
+        """Withdraw a namespace we published."""
+        request = self._find_namespace(RequestKind.PUBLISH_NAMESPACE, True, namespace)
+        self._core.send_control(PublishNamespaceDone(namespace))
+        self._core.remove_request(request)
+
+    def publish_namespace_cancel(self, namespace: Namespace,
+                                 error_code: int = PublishNamespaceErrorCode.INTERNAL_ERROR, reason: str = "") -> None:
+        """Revoke our acceptance of the peer's PUBLISH_NAMESPACE."""
+        request = self._find_namespace(RequestKind.PUBLISH_NAMESPACE, False, namespace)
+        self._core.send_control(PublishNamespaceCancel(namespace, error_code, reason))
+        self._core.remove_request(request)
+
+    def _find_namespace(self, kind: RequestKind, local: bool, namespace: Namespace) -> Request:
+        core = self._check_open()
+        for request in core.requests.values():
+            if request.kind == kind and request.local == local and request.namespace == namespace:
+                return request
+        raise LocalError(f"no open {kind.value} for {namespace!r}")
+
+    # -- SUBSCRIBE_NAMESPACE ---------------------------------------------------------------------
+    def subscribe_namespace(self, prefix: Namespace, *, parameters: RequestParameters | None = None) -> int:
+        """Ask for PUBLISH_NAMESPACE/PUBLISH of everything under ``prefix``; returns the Request ID."""
+        draft = SubscribeNamespace(0, prefix, parameters or RequestParameters())
+        return self._send_request(draft, Request(0, RequestKind.SUBSCRIBE_NAMESPACE, True, prefix)).request_id
+
+    def subscribe_namespace_ok(self, request_id: int) -> None:
+        """Accept the peer's SUBSCRIBE_NAMESPACE."""
+        request = self._remote(request_id, RequestKind.SUBSCRIBE_NAMESPACE)
+        self._answered(request, SubscribeNamespaceOk(request_id), remove=False)
+
+    def subscribe_namespace_error(self, request_id: int,
+                                  error_code: int = SubscribeNamespaceErrorCode.NAMESPACE_PREFIX_UNKNOWN,
+                                  reason: str = "") -> None:
+        """Refuse the peer's SUBSCRIBE_NAMESPACE."""
+        request = self._remote(request_id, RequestKind.SUBSCRIBE_NAMESPACE)
+        self._answered(request, SubscribeNamespaceError(request_id, error_code, reason), remove=True)
+
+    def unsubscribe_namespace(self, prefix: Namespace) -> None:
+        """Withdraw our SUBSCRIBE_NAMESPACE for ``prefix``."""
+        request = self._find_namespace(RequestKind.SUBSCRIBE_NAMESPACE, True, prefix)
+        self._core.send_control(UnsubscribeNamespace(prefix))
+        self._core.remove_request(request)

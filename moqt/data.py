@@ -1,0 +1,449 @@
+"""MOQT data streams and datagrams (draft-14 section 10): headers, object fields, parsers, encoders.
+
+Why this shape:
+
+* Parsing is incremental and allocation-light: ``DataStreamParser.feed`` returns the stream header,
+  each object header, and payload chunks that are ``memoryview`` slices of the octets it was given.
+  Only the (small, bounded) header octets that straddle two QUIC events are ever buffered.
+* Encoding never copies a payload: ``SubgroupWriter.encode_object`` and ``FetchWriter.encode_object``
+  return ``[header_bytes, payload]`` so the caller hands the payload object straight to QUIC.
+* Every length from the wire is bounded before anything waits on it: ``max_object_size`` for
+  payloads, ``max_extensions_length`` for Extension Headers; any header is at most 64 octets plus the
+  extensions, so a straddling header never makes us buffer more than that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Final, TypeAlias
+
+from moqt.errors import NeedMoreData, ProtocolViolation
+from moqt.profile import DatagramType, DataStreamType, ObjectStatus, SessionErrorCode
+from moqt.wire import VARINT_MAX, Bytes, KeyValuePair, Reader, Writer, decode_kvp_block, encode_kvps
+
+DEFAULT_MAX_OBJECT_SIZE: Final = 64 * 1024 * 1024
+DEFAULT_MAX_EXTENSIONS_LENGTH: Final = 16 * 1024
+_HEADER_SLACK: Final = 64  # every fixed header field of any stream or object header fits in this
+_PV: Final = SessionErrorCode.PROTOCOL_VIOLATION
+
+Extensions: TypeAlias = tuple[KeyValuePair, ...]
+Payload: TypeAlias = bytes | bytearray | memoryview
+
+
+class SubgroupIdMode(IntEnum):
+    """How a SUBGROUP_HEADER type conveys the Subgroup ID (bits 0x06 of the type, shifted)."""
+
+    ZERO = 0
+    FIRST_OBJECT = 1
+    PRESENT = 2
+
+
+@dataclass(frozen=True, slots=True)
+class SubgroupHeader:
+    """SUBGROUP_HEADER (types 0x10-0x15, 0x18-0x1D).
+
+    ``subgroup_id`` is 0 for mode ZERO; for FIRST_OBJECT it is None when decoded (the first object's
+    ID supplies it) and, when encoding, the ID the first object must carry (or None: unchecked).
+    """
+
+    track_alias: int
+    group_id: int
+    subgroup_id: int | None
+    publisher_priority: int = 128
+    subgroup_id_mode: SubgroupIdMode = SubgroupIdMode.PRESENT
+    extensions_present: bool = False
+    end_of_group: bool = False
+
+    def __post_init__(self) -> None:
+        if self.subgroup_id_mode == SubgroupIdMode.ZERO and self.subgroup_id != 0:
+            raise ValueError("Subgroup ID mode ZERO needs subgroup_id 0")
+        if self.subgroup_id_mode == SubgroupIdMode.PRESENT and self.subgroup_id is None:
+            raise ValueError("Subgroup ID mode PRESENT needs a subgroup_id")
+        if not 0 <= self.publisher_priority <= 0xFF:
+            raise ValueError("Publisher Priority is 8 bits")
+
+    @classmethod
+    def create(cls, track_alias: int, group_id: int, subgroup_id: int = 0, publisher_priority: int = 128, *,
+               extensions_present: bool = False, end_of_group: bool = False) -> SubgroupHeader:
+        """The shortest type: Subgroup ID 0 is implied, any other is written out."""
+        mode = SubgroupIdMode.ZERO if subgroup_id == 0 else SubgroupIdMode.PRESENT
+        return cls(track_alias, group_id, subgroup_id, publisher_priority, mode, extensions_present, end_of_group)
+
+    @property
+    def stream_type(self) -> int:
+        return 0x10 | int(self.extensions_present) | (self.subgroup_id_mode << 1) | (int(self.end_of_group) << 3)
+
+    def encode(self) -> bytes:
+        writer = Writer()
+        writer.push_varint(self.stream_type)
+        writer.push_varint(self.track_alias)
+        writer.push_varint(self.group_id)
+        if self.subgroup_id_mode == SubgroupIdMode.PRESENT and self.subgroup_id is not None:
+            writer.push_varint(self.subgroup_id)
+        writer.push_uint8(self.publisher_priority)
+        return writer.getvalue()
+
+    @classmethod
+    def decode_after_type(cls, reader: Reader, stream_type: int) -> SubgroupHeader:
+        mode = SubgroupIdMode((stream_type >> 1) & 0x3)
+        alias = reader.pull_varint()
+        group = reader.pull_varint()
+        subgroup: int | None = None
+        if mode == SubgroupIdMode.PRESENT:
+            subgroup = reader.pull_varint()
+        elif mode == SubgroupIdMode.ZERO:
+            subgroup = 0
+        return cls(alias, group, subgroup, reader.pull_uint8(), mode, bool(stream_type & 0x1),
+                   bool(stream_type & 0x8))
+
+
+@dataclass(frozen=True, slots=True)
+class FetchHeader:
+    """FETCH_HEADER (type 0x05): the Request ID of the FETCH this stream answers."""
+
+    request_id: int
+
+    def encode(self) -> bytes:
+        writer = Writer()
+        writer.push_varint(DataStreamType.FETCH_HEADER)
+        writer.push_varint(self.request_id)
+        return writer.getvalue()
+
+
+StreamHeader: TypeAlias = SubgroupHeader | FetchHeader
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectHeader:
+    """An object's fields as parsed from a subgroup or fetch stream (Object ID delta resolved).
+
+    ``payload_length`` octets follow as ``PayloadChunk`` events; a length of 0 means this header is
+    the whole object and no chunk follows.
+    """
+
+    group_id: int
+    subgroup_id: int
+    object_id: int
+    publisher_priority: int
+    extensions: Extensions
+    status: ObjectStatus
+    payload_length: int
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadChunk:
+    """Part of the current object's payload: a view of the fed octets, at ``offset`` in the payload."""
+
+    data: memoryview
+    offset: int
+    end_of_object: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StreamFinished:
+    """The stream ended (FIN) at an object boundary."""
+
+
+DataEvent: TypeAlias = SubgroupHeader | FetchHeader | ObjectHeader | PayloadChunk | StreamFinished
+
+
+def _pull_status(reader: Reader) -> ObjectStatus:
+    raw = reader.pull_varint()
+    if raw not in ObjectStatus._value2member_map_:
+        raise ProtocolViolation(_PV, f"unknown Object Status {raw}")
+    return ObjectStatus(raw)
+
+
+def _pull_extensions(reader: Reader, limit: int) -> Extensions:
+    length = reader.pull_length(limit, "Extension Headers")
+    return decode_kvp_block(reader.pull_bytes(length))
+
+
+def _pull_length_and_status(reader: Reader, limit: int) -> tuple[int, ObjectStatus]:
+    length = reader.pull_length(limit, "Object Payload")
+    return length, (_pull_status(reader) if length == 0 else ObjectStatus.NORMAL)
+
+
+def _check_status_extensions(status: ObjectStatus, extensions: Extensions) -> None:
+    if status == ObjectStatus.DOES_NOT_EXIST and extensions:
+        raise ProtocolViolation(_PV, "an Object that does not exist carries Extension Headers")
+
+
+class DataStreamParser:
+    """Incremental parser of one unidirectional data stream (subgroup or fetch)."""
+
+    def __init__(self, *, max_object_size: int = DEFAULT_MAX_OBJECT_SIZE,
+                 max_extensions_length: int = DEFAULT_MAX_EXTENSIONS_LENGTH) -> None:
+        self._max_object = max_object_size
+        self._max_ext = max_extensions_length
+        self._max_header = _HEADER_SLACK + max_extensions_length
+        self._pending = bytearray()
+        self._need = 0
+        self.header: StreamHeader | None = None
+        self._subgroup_id: int | None = None
+        self._prev_object_id: int | None = None
+        self._ended_by_status = False
+        self._remaining = 0
+        self._offset = 0
+        self.finished = False
+
+    def feed(self, data: Bytes, end_stream: bool = False) -> list[DataEvent]:
+        """Parse ``data``; with ``end_stream`` the stream must end at an object boundary."""
+        if self.finished:
+            raise ProtocolViolation(_PV, "data after the end of a data stream")
+        view = memoryview(data).cast("B") if len(data) else memoryview(b"")
+        events: list[DataEvent] = []
+        pos = 0
+        while pos < len(view):
+            if self._remaining:
+                pos = self._take_payload(view, pos, events)
+                continue
+            parse = self._parse_stream_header if self.header is None else self._parse_object
+            taken = self._take_header(view, pos, parse)
+            if taken is None:
+                break
+            event, pos = taken
+            self._commit(event)
+            events.append(event)
+        if end_stream:
+            if self.header is None or self._pending or self._remaining:
+                raise ProtocolViolation(_PV, "data stream ended inside a header or an object")
+            self.finished = True
+            events.append(StreamFinished())
+        return events
+
+    def _take_payload(self, view: memoryview, pos: int, events: list[DataEvent]) -> int:
+        count = min(self._remaining, len(view) - pos)
+        self._remaining -= count
+        events.append(PayloadChunk(view[pos : pos + count], self._offset, self._remaining == 0))
+        self._offset += count
+        return pos + count
+
+    def _take_header(self, view: memoryview, pos: int,
+                     parse: Callable[[Reader], DataEvent]) -> tuple[DataEvent, int] | None:
+        """Parse one header from buffered octets plus ``view[pos:]``, buffering only header octets."""
+        old = len(self._pending)
+        available = len(view) - pos
+        if old + available < self._need:  # still short of what the last attempt asked for
+            self._pending += view[pos:]
+            return None
+        if not self._pending:
+            reader = Reader(view[pos:])
+            try:
+                return parse(reader), pos + reader.pos
+            except NeedMoreData as short:
+                self._wait(view[pos:], short.at_least)
+                return None
+        take = min(available, self._max_header - old)
+        self._pending += view[pos : pos + take]
+        reader = Reader(bytes(self._pending))
+        try:
+            event = parse(reader)
+        except NeedMoreData as short:
+            self._wait(view[0:0], short.at_least)
+            return None
+        self._pending.clear()
+        self._need = 0
+        return event, pos + reader.pos - old
+
+    def _wait(self, rest: memoryview, at_least: int) -> None:
+        """Keep the partial header and remember how long it must grow before the next attempt."""
+        if at_least > self._max_header:
+            raise ProtocolViolation(_PV, "data stream header too long")
+        self._pending += rest
+        self._need = at_least
+
+    def _parse_stream_header(self, reader: Reader) -> DataEvent:
+        stream_type = reader.pull_varint()
+        if stream_type == DataStreamType.FETCH_HEADER:
+            return FetchHeader(reader.pull_varint())
+        if stream_type not in DataStreamType._value2member_map_:
+            raise ProtocolViolation(_PV, f"unknown data stream type 0x{stream_type:x}")
+        return SubgroupHeader.decode_after_type(reader, stream_type)
+
+    def _parse_object(self, reader: Reader) -> DataEvent:
+        header = self.header
+        if isinstance(header, SubgroupHeader):
+            return self._parse_subgroup_object(reader, header)
+        group, subgroup, object_id = reader.pull_varint(), reader.pull_varint(), reader.pull_varint()
+        priority = reader.pull_uint8()
+        extensions = _pull_extensions(reader, self._max_ext)
+        length, status = _pull_length_and_status(reader, self._max_object)
+        _check_status_extensions(status, extensions)
+        return ObjectHeader(group, subgroup, object_id, priority, extensions, status, length)
+
+    def _parse_subgroup_object(self, reader: Reader, header: SubgroupHeader) -> ObjectHeader:
+        if self._ended_by_status:
+            raise ProtocolViolation(_PV, "object after End of Group / End of Track on a subgroup stream")
+        delta = reader.pull_varint()
+        object_id = delta if self._prev_object_id is None else self._prev_object_id + delta + 1
+        if object_id > VARINT_MAX:
+            raise ProtocolViolation(_PV, "Object ID overflows")
+        extensions = _pull_extensions(reader, self._max_ext) if header.extensions_present else ()
+        length, status = _pull_length_and_status(reader, self._max_object)
+        _check_status_extensions(status, extensions)
+        subgroup = self._subgroup_id if self._subgroup_id is not None else header.subgroup_id
+        return ObjectHeader(header.group_id, object_id if subgroup is None else subgroup, object_id,
+                            header.publisher_priority, extensions, status, length)
+
+    def _commit(self, event: DataEvent) -> None:
+        """Apply a parsed header to the parser state (parses are retried, so they do not mutate)."""
+        if isinstance(event, SubgroupHeader | FetchHeader):
+            self.header = event
+            if isinstance(event, SubgroupHeader):
+                self._subgroup_id = event.subgroup_id
+        elif isinstance(event, ObjectHeader):
+            if isinstance(self.header, SubgroupHeader):
+                self._prev_object_id = event.object_id
+                self._subgroup_id = event.subgroup_id
+                self._ended_by_status = event.status in (ObjectStatus.END_OF_GROUP, ObjectStatus.END_OF_TRACK)
+            self._remaining = event.payload_length
+            self._offset = 0
+
+
+def _object_parts(head: Writer, payload: Payload) -> list[Payload]:
+    return [head.getvalue(), payload] if len(payload) else [head.getvalue()]
+
+
+def _check_object(payload: Payload, extensions: Sequence[KeyValuePair], status: ObjectStatus) -> None:
+    if status != ObjectStatus.NORMAL and len(payload):
+        raise ValueError("only a Normal object has a payload")
+    if status == ObjectStatus.DOES_NOT_EXIST and extensions:
+        raise ValueError("an Object that does not exist cannot carry Extension Headers")
+
+
+def _push_length_status(head: Writer, payload: Payload, status: ObjectStatus) -> None:
+    head.push_varint(len(payload))
+    if not len(payload):
+        head.push_varint(status)
+
+
+@dataclass(slots=True)
+class SubgroupWriter:
+    """Encodes the objects of one subgroup stream, tracking the previous Object ID for the deltas."""
+
+    header: SubgroupHeader
+    _prev_object_id: int | None = field(default=None, init=False)
+
+    def encode_header(self) -> bytes:
+        return self.header.encode()
+
+    def encode_object(self, object_id: int, payload: Payload = b"", *, extensions: Sequence[KeyValuePair] = (),
+                      status: ObjectStatus = ObjectStatus.NORMAL) -> list[Payload]:
+        """Object fields then the payload itself (not copied); Object IDs must increase."""
+        prev = self._prev_object_id
+        if prev is not None and object_id <= prev:
+            raise ValueError(f"Object ID {object_id} does not follow {prev} on this subgroup stream")
+        if prev is None and self.header.subgroup_id_mode == SubgroupIdMode.FIRST_OBJECT \
+                and self.header.subgroup_id not in (None, object_id):
+            raise ValueError("the first Object ID must equal the Subgroup ID in FIRST_OBJECT mode")
+        if extensions and not self.header.extensions_present:
+            raise ValueError("this subgroup's header type has no Extension Headers")
+        _check_object(payload, extensions, status)
+        head = Writer()
+        head.push_varint(object_id if prev is None else object_id - prev - 1)
+        if self.header.extensions_present:
+            head.push_length_prefixed(encode_kvps(list(extensions)))
+        _push_length_status(head, payload, status)
+        self._prev_object_id = object_id
+        return _object_parts(head, payload)
+
+
+@dataclass(slots=True)
+class FetchWriter:
+    """Encodes the objects of one fetch stream."""
+
+    header: FetchHeader
+
+    def encode_header(self) -> bytes:
+        return self.header.encode()
+
+    def encode_object(self, group_id: int, subgroup_id: int, object_id: int, payload: Payload = b"", *,
+                      publisher_priority: int = 128, extensions: Sequence[KeyValuePair] = (),
+                      status: ObjectStatus = ObjectStatus.NORMAL) -> list[Payload]:
+        _check_object(payload, extensions, status)
+        head = Writer()
+        head.push_varint(group_id)
+        head.push_varint(subgroup_id)
+        head.push_varint(object_id)
+        head.push_uint8(publisher_priority)
+        head.push_length_prefixed(encode_kvps(list(extensions)))
+        _push_length_status(head, payload, status)
+        return _object_parts(head, payload)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectDatagram:
+    """OBJECT_DATAGRAM (payload types 0x00-0x07) or its status form (types 0x20-0x21)."""
+
+    track_alias: int
+    group_id: int
+    object_id: int
+    publisher_priority: int = 128
+    payload: bytes | memoryview = b""
+    extensions: Extensions = ()
+    status: ObjectStatus = ObjectStatus.NORMAL
+    end_of_group: bool = False
+
+    def __post_init__(self) -> None:
+        _check_object(self.payload, self.extensions, self.status)
+        if self.status != ObjectStatus.NORMAL and self.end_of_group:
+            raise ValueError("a status datagram has no End of Group flag (use status END_OF_GROUP)")
+
+    @property
+    def datagram_type(self) -> int:
+        ext = int(bool(self.extensions))
+        if self.status != ObjectStatus.NORMAL:
+            return DatagramType.STATUS | ext
+        return ext | (int(self.end_of_group) << 1) | (0x04 if self.object_id == 0 else 0)
+
+    def encode(self) -> bytes:
+        kind = self.datagram_type
+        writer = Writer()
+        writer.push_varint(kind)
+        writer.push_varint(self.track_alias)
+        writer.push_varint(self.group_id)
+        if not kind & 0x04:  # Object ID Present (always, for the status types)
+            writer.push_varint(self.object_id)
+        writer.push_uint8(self.publisher_priority)
+        if self.extensions:
+            writer.push_length_prefixed(encode_kvps(self.extensions))
+        if kind & DatagramType.STATUS:
+            writer.push_varint(self.status)
+        else:
+            writer.push_bytes(self.payload)
+        return writer.getvalue()
+
+    @classmethod
+    def decode(cls, data: Bytes, *, max_extensions_length: int = DEFAULT_MAX_EXTENSIONS_LENGTH) -> ObjectDatagram:
+        """Decode a whole datagram; the payload is a view of ``data`` (zero-copy)."""
+        reader = Reader(data)
+        try:
+            return cls._decode(reader, max_extensions_length)
+        except NeedMoreData:
+            raise ProtocolViolation(_PV, "truncated OBJECT_DATAGRAM") from None
+
+    @classmethod
+    def _decode(cls, reader: Reader, max_ext: int) -> ObjectDatagram:
+        kind = reader.pull_varint()
+        if kind not in DatagramType._value2member_map_:
+            raise ProtocolViolation(_PV, f"unknown datagram type 0x{kind:x}")
+        is_status = bool(kind & DatagramType.STATUS)
+        alias, group = reader.pull_varint(), reader.pull_varint()
+        object_id = reader.pull_varint() if is_status or not kind & 0x04 else 0
+        priority = reader.pull_uint8()
+        extensions: Extensions = ()
+        if kind & 0x01:
+            extensions = _pull_extensions(reader, max_ext)
+            if not extensions:
+                raise ProtocolViolation(_PV, "datagram says Extensions Present with an empty block")
+        if not is_status:
+            payload = reader.pull_bytes(reader.remaining)
+            return cls(alias, group, object_id, priority, payload, extensions, ObjectStatus.NORMAL, bool(kind & 0x02))
+        status = _pull_status(reader)
+        if not reader.at_end():
+            raise ProtocolViolation(_PV, "payload after an Object Status in a datagram")
+        _check_status_extensions(status, extensions)
+        return cls(alias, group, object_id, priority, b"", extensions, status)

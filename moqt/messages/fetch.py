@@ -1,0 +1,151 @@
+"""FETCH (standalone, relative joining, absolute joining), FETCH_OK, FETCH_ERROR, FETCH_CANCEL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Self
+
+from moqt.errors import ProtocolViolation
+from moqt.messages.base import (
+    ControlMessage,
+    RequestErrorMessage,
+    RequestIdMessage,
+    check_response_group_order,
+    check_track,
+    pull_flag,
+    pull_group_order,
+    push_full_track_name,
+    read_full_track_name,
+)
+from moqt.params import RequestParameters
+from moqt.profile import DRAFT_14, FetchType, GroupOrder, MessageType, Profile, SessionErrorCode
+from moqt.wire import Location, Namespace, Reader, Writer
+
+
+@dataclass(frozen=True, slots=True)
+class StandaloneFetch:
+    """A fetch of [start, end) of one track; ``end`` is "End Location plus 1" and an ``end.object``
+    of 0 asks for the whole of group ``end.group``."""
+
+    track_namespace: Namespace
+    track_name: bytes
+    start: Location
+    end: Location
+
+    def __post_init__(self) -> None:
+        check_track(self.track_namespace, self.track_name)
+
+
+@dataclass(frozen=True, slots=True)
+class JoiningFetch:
+    """A fetch joined to the subscription ``joining_request_id``; ``joining_start`` is a group count
+    back from the subscription's Largest Location (relative) or a Group ID (absolute)."""
+
+    joining_request_id: int
+    joining_start: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch(ControlMessage):
+    """FETCH (0x16, section 9.16): exactly one of ``standalone``/``joining``, as ``fetch_type`` says."""
+
+    TYPE: ClassVar[MessageType] = MessageType.FETCH
+    request_id: int
+    fetch_type: FetchType
+    standalone: StandaloneFetch | None = None
+    joining: JoiningFetch | None = None
+    subscriber_priority: int = 128
+    group_order: GroupOrder = GroupOrder.PUBLISHER_DEFAULT
+    parameters: RequestParameters = field(default_factory=RequestParameters)
+
+    def __post_init__(self) -> None:
+        if (self.standalone is not None) != (self.fetch_type == FetchType.STANDALONE) \
+                or (self.joining is not None) == (self.fetch_type == FetchType.STANDALONE):
+            raise ValueError(f"{self.fetch_type.name} fetch needs exactly its own structure")
+        if not 0 <= self.subscriber_priority <= 0xFF:
+            raise ValueError("Subscriber Priority is 8 bits")
+
+    @classmethod
+    def standalone_fetch(cls, request_id: int, namespace: Namespace, name: bytes, start: Location,
+                         end: Location, *, subscriber_priority: int = 128,
+                         group_order: GroupOrder = GroupOrder.PUBLISHER_DEFAULT,
+                         parameters: RequestParameters | None = None) -> Fetch:
+        """Convenience constructor for a standalone FETCH of [start, end)."""
+        return cls(request_id, FetchType.STANDALONE, StandaloneFetch(namespace, name, start, end), None,
+                   subscriber_priority, group_order, parameters or RequestParameters())
+
+    def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
+        writer.push_varint(self.request_id)
+        writer.push_uint8(self.subscriber_priority)
+        writer.push_uint8(self.group_order)
+        writer.push_varint(self.fetch_type)
+        if self.standalone is not None:
+            push_full_track_name(writer, self.standalone.track_namespace, self.standalone.track_name)
+            self.standalone.start.encode(writer)
+            self.standalone.end.encode(writer)
+        if self.joining is not None:
+            writer.push_varint(self.joining.joining_request_id)
+            writer.push_varint(self.joining.joining_start)
+        self.parameters.encode(writer)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
+        request_id = reader.pull_varint()
+        priority = reader.pull_uint8()
+        order = pull_group_order(reader, allow_default=True)
+        raw_type = reader.pull_varint()
+        if raw_type not in FetchType._value2member_map_:
+            raise ProtocolViolation(SessionErrorCode.PROTOCOL_VIOLATION, f"unknown Fetch Type {raw_type}")
+        fetch_type = FetchType(raw_type)
+        standalone = joining = None
+        if fetch_type == FetchType.STANDALONE:
+            namespace, name = read_full_track_name(reader, profile)
+            standalone = StandaloneFetch(namespace, name, Location.decode(reader), Location.decode(reader))
+        else:
+            joining = JoiningFetch(reader.pull_varint(), reader.pull_varint())
+        params = RequestParameters.decode(reader, cls.TYPE, profile)
+        return cls(request_id, fetch_type, standalone, joining, priority, order, params)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchOk(ControlMessage):
+    """FETCH_OK (0x18, section 9.17): Group Order, End Of Track, End Location, Parameters."""
+
+    TYPE: ClassVar[MessageType] = MessageType.FETCH_OK
+    request_id: int
+    end_location: Location
+    group_order: GroupOrder = GroupOrder.ASCENDING
+    end_of_track: bool = False
+    parameters: RequestParameters = field(default_factory=RequestParameters)
+
+    def __post_init__(self) -> None:
+        check_response_group_order(self.group_order)
+
+    def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
+        writer.push_varint(self.request_id)
+        writer.push_uint8(self.group_order)
+        writer.push_uint8(int(self.end_of_track))
+        self.end_location.encode(writer)
+        self.parameters.encode(writer)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
+        request_id = reader.pull_varint()
+        order = pull_group_order(reader, allow_default=False)
+        end_of_track = pull_flag(reader, "End Of Track")
+        end = Location.decode(reader)
+        return cls(request_id, end, order, end_of_track, RequestParameters.decode(reader, cls.TYPE, profile))
+
+
+@dataclass(frozen=True, slots=True)
+class FetchError(RequestErrorMessage):
+    """FETCH_ERROR (0x19); codes in ``FetchErrorCode``."""
+
+    TYPE: ClassVar[MessageType] = MessageType.FETCH_ERROR
+
+
+@dataclass(frozen=True, slots=True)
+class FetchCancel(RequestIdMessage):
+    """FETCH_CANCEL (0x17)."""
+
+    TYPE: ClassVar[MessageType] = MessageType.FETCH_CANCEL

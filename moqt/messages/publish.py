@@ -1,0 +1,112 @@
+"""Publisher-initiated subscriptions: PUBLISH, PUBLISH_OK, PUBLISH_ERROR (draft-14 sections 9.13-9.15).
+
+The draft-14 figures for these three messages write ``Length (i)``; section 9 fixes the Message
+Length of every control message at 16 bits, and that is what we send and expect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Self
+
+from moqt.messages.base import (
+    ControlMessage,
+    RequestErrorMessage,
+    check_response_group_order,
+    check_track,
+    pull_flag,
+    pull_group_order,
+    pull_optional_location,
+    push_full_track_name,
+    push_optional_location,
+    read_full_track_name,
+)
+from moqt.messages.subscribe import check_filter, pull_filter, push_filter
+from moqt.params import RequestParameters
+from moqt.profile import DRAFT_14, FilterType, GroupOrder, MessageType, Profile
+from moqt.wire import Location, Namespace, Reader, Writer
+
+
+@dataclass(frozen=True, slots=True)
+class Publish(ControlMessage):
+    """PUBLISH (0x1D); ``largest_location`` is None when Content Exists is 0."""
+
+    TYPE: ClassVar[MessageType] = MessageType.PUBLISH
+    request_id: int
+    track_namespace: Namespace
+    track_name: bytes
+    track_alias: int
+    group_order: GroupOrder = GroupOrder.ASCENDING
+    largest_location: Location | None = None
+    forward: bool = True
+    parameters: RequestParameters = field(default_factory=RequestParameters)
+
+    def __post_init__(self) -> None:
+        check_track(self.track_namespace, self.track_name)
+        check_response_group_order(self.group_order)
+
+    def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
+        writer.push_varint(self.request_id)
+        push_full_track_name(writer, self.track_namespace, self.track_name)
+        writer.push_varint(self.track_alias)
+        writer.push_uint8(self.group_order)
+        push_optional_location(writer, self.largest_location)
+        writer.push_uint8(int(self.forward))
+        self.parameters.encode(writer)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
+        request_id = reader.pull_varint()
+        namespace, name = read_full_track_name(reader, profile)
+        alias = reader.pull_varint()
+        order = pull_group_order(reader, allow_default=False)
+        largest = pull_optional_location(reader)
+        forward = pull_flag(reader, "Forward")
+        params = RequestParameters.decode(reader, cls.TYPE, profile)
+        return cls(request_id, namespace, name, alias, order, largest, forward, params)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishOk(ControlMessage):
+    """PUBLISH_OK (0x1E): Forward, Subscriber Priority, Group Order, then a SUBSCRIBE-style filter."""
+
+    TYPE: ClassVar[MessageType] = MessageType.PUBLISH_OK
+    request_id: int
+    forward: bool = True
+    subscriber_priority: int = 128
+    group_order: GroupOrder = GroupOrder.ASCENDING
+    filter_type: FilterType = FilterType.LARGEST_OBJECT
+    start_location: Location | None = None
+    end_group: int | None = None
+    parameters: RequestParameters = field(default_factory=RequestParameters)
+
+    def __post_init__(self) -> None:
+        check_response_group_order(self.group_order)
+        check_filter(self.filter_type, self.start_location, self.end_group)
+        if not 0 <= self.subscriber_priority <= 0xFF:
+            raise ValueError("Subscriber Priority is 8 bits")
+
+    def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
+        writer.push_varint(self.request_id)
+        writer.push_uint8(int(self.forward))
+        writer.push_uint8(self.subscriber_priority)
+        writer.push_uint8(self.group_order)
+        push_filter(writer, self.filter_type, self.start_location, self.end_group)
+        self.parameters.encode(writer)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
+        request_id = reader.pull_varint()
+        forward = pull_flag(reader, "Forward")
+        priority = reader.pull_uint8()
+        order = pull_group_order(reader, allow_default=False)
+        filter_type, start, end = pull_filter(reader)
+        params = RequestParameters.decode(reader, cls.TYPE, profile)
+        return cls(request_id, forward, priority, order, filter_type, start, end, params)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishError(RequestErrorMessage):
+    """PUBLISH_ERROR (0x1F); codes in ``PublishErrorCode``."""
+
+    TYPE: ClassVar[MessageType] = MessageType.PUBLISH_ERROR

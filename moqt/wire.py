@@ -1,0 +1,302 @@
+"""MOQT primitive encodings: QUIC varints, a bounded reader/writer and the draft's common structures.
+
+Why a reader of our own instead of ``aioquic.buffer.Buffer``: incremental parsing needs to tell
+"not enough bytes yet" (``NeedMoreData``, wait for the next QUIC event) from "these bytes are wrong"
+(``ProtocolViolation`` with the draft's error code), and reads must hand back ``memoryview`` slices so
+object payloads are never copied. Every length read from the wire is checked against a limit *before*
+the reader waits for that many bytes, so a peer cannot make us buffer an absurd amount.
+
+Structures (draft-14 "Notational Conventions"): varint (RFC 9000 section 16), byte strings ``(b)``,
+Track Namespace tuples, Key-Value-Pair, Location and Reason Phrase.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, TypeAlias
+
+from moqt.errors import NeedMoreData, ProtocolViolation
+from moqt.profile import SessionErrorCode
+
+VARINT_MAX: Final = (1 << 62) - 1
+MAX_NAMESPACE_FIELDS: Final = 32
+MAX_FULL_TRACK_NAME_LENGTH: Final = 4096
+MAX_REASON_PHRASE_LENGTH: Final = 1024
+MAX_KVP_VALUE_LENGTH: Final = 0xFFFF
+
+#: A Track Namespace: 1..32 byte-string fields, compared byte for byte.
+Namespace: TypeAlias = tuple[bytes, ...]
+Bytes: TypeAlias = bytes | bytearray | memoryview
+
+_PV: Final = SessionErrorCode.PROTOCOL_VIOLATION
+
+
+def varint_size(value: int) -> int:
+    """Octets of the minimal encoding of ``value``."""
+    if value < 0x40:
+        return 1
+    if value < 0x4000:
+        return 2
+    if value < 0x40000000:
+        return 4
+    if value <= VARINT_MAX:
+        return 8
+    raise ValueError(f"{value} does not fit a QUIC varint")
+
+
+def encode_varint(value: int) -> bytes:
+    """Minimal encoding (the draft says SHOULD; we always do, so our vectors are canonical)."""
+    if value < 0:
+        raise ValueError(f"{value} does not fit a QUIC varint")
+    size = varint_size(value)
+    prefix = {1: 0x00, 2: 0x40, 4: 0x80, 8: 0xC0}[size]
+    raw = bytearray(value.to_bytes(size, "big"))
+    raw[0] |= prefix
+    return bytes(raw)
+
+
+def decode_varint(data: Bytes) -> tuple[int, int]:
+    """(value, octets used) of the varint at the start of ``data``; any valid length is accepted."""
+    reader = Reader(data)
+    value = reader.pull_varint()
+    return value, reader.pos
+
+
+class Reader:
+    """Reads fields from a byte view; never copies, raises ``NeedMoreData`` at the end of input."""
+
+    __slots__ = ("_data", "_end", "_pos")
+
+    def __init__(self, data: Bytes) -> None:
+        view = data if isinstance(data, memoryview) else memoryview(data)
+        self._data = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        self._pos = 0
+        self._end = len(self._data)
+
+    @property
+    def pos(self) -> int:
+        return self._pos
+
+    @property
+    def remaining(self) -> int:
+        return self._end - self._pos
+
+    def at_end(self) -> bool:
+        return self._pos >= self._end
+
+    def _need(self, count: int) -> None:
+        if self._end - self._pos < count:
+            raise NeedMoreData(self._pos + count)
+
+    def pull_uint8(self) -> int:
+        self._need(1)
+        value = self._data[self._pos]
+        self._pos += 1
+        return value
+
+    def pull_uint16(self) -> int:
+        self._need(2)
+        value = (self._data[self._pos] << 8) | self._data[self._pos + 1]
+        self._pos += 2
+        return value
+
+    def pull_varint(self) -> int:
+        self._need(1)
+        first = self._data[self._pos]
+        size = 1 << (first >> 6)
+        self._need(size)
+        value = first & 0x3F
+        for i in range(1, size):
+            value = (value << 8) | self._data[self._pos + i]
+        self._pos += size
+        return value
+
+    def pull_bytes(self, count: int) -> memoryview:
+        """A view of the next ``count`` octets (zero-copy)."""
+        self._need(count)
+        view = self._data[self._pos : self._pos + count]
+        self._pos += count
+        return view
+
+    def pull_length(self, limit: int, what: str, error_code: int = _PV) -> int:
+        """A varint length, refused (with ``error_code``) when above ``limit`` -- before any wait."""
+        length = self.pull_varint()
+        if length > limit:
+            raise ProtocolViolation(error_code, f"{what} length {length} exceeds {limit}")
+        return length
+
+    def pull_length_prefixed(self, limit: int, what: str, error_code: int = _PV) -> memoryview:
+        """A ``(b)`` field: varint length (at most ``limit``) then that many octets."""
+        length = self.pull_length(limit, what, error_code)
+        return self.pull_bytes(length)
+
+
+class Writer:
+    """Appends fields to a growing buffer; used for headers and control messages (never payloads)."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def __len__(self) -> int:
+        return len(self._buf)
+
+    def getvalue(self) -> bytes:
+        return bytes(self._buf)
+
+    def push_uint8(self, value: int) -> None:
+        if not 0 <= value <= 0xFF:
+            raise ValueError(f"{value} does not fit 8 bits")
+        self._buf.append(value)
+
+    def push_uint16(self, value: int) -> None:
+        if not 0 <= value <= 0xFFFF:
+            raise ValueError(f"{value} does not fit 16 bits")
+        self._buf += value.to_bytes(2, "big")
+
+    def push_varint(self, value: int) -> None:
+        self._buf += encode_varint(value)
+
+    def push_bytes(self, data: Bytes) -> None:
+        self._buf += data
+
+    def push_length_prefixed(self, data: Bytes) -> None:
+        self.push_varint(len(data))
+        self._buf += data
+
+
+# --- Track Namespace and Full Track Name (section "Track Naming") ------------------------------
+
+def check_namespace(namespace: Namespace, *, min_fields: int = 1, max_fields: int = MAX_NAMESPACE_FIELDS,
+                    max_length: int = MAX_FULL_TRACK_NAME_LENGTH) -> None:
+    """Raise ``ValueError`` for a namespace we must not send (local misuse)."""
+    if not min_fields <= len(namespace) <= max_fields:
+        raise ValueError(f"a Track Namespace has {min_fields}..{max_fields} fields, not {len(namespace)}")
+    if sum(len(f) for f in namespace) > max_length:
+        raise ValueError(f"Track Namespace longer than {max_length} octets")
+
+
+def push_namespace(writer: Writer, namespace: Namespace) -> None:
+    writer.push_varint(len(namespace))
+    for field in namespace:
+        writer.push_length_prefixed(field)
+
+
+def pull_namespace(reader: Reader, *, max_fields: int = MAX_NAMESPACE_FIELDS,
+                   max_length: int = MAX_FULL_TRACK_NAME_LENGTH) -> Namespace:
+    """A Track Namespace tuple: 1..32 fields whose lengths sum to at most ``max_length``."""
+    count = reader.pull_varint()
+    if count == 0 or count > max_fields:
+        raise ProtocolViolation(_PV, f"Track Namespace with {count} fields (must be 1..{max_fields})")
+    fields: list[bytes] = []
+    total = 0
+    for _ in range(count):
+        field = reader.pull_length_prefixed(max_length - total, "Track Namespace")
+        total += len(field)
+        fields.append(bytes(field))
+    return tuple(fields)
+
+
+def pull_full_track_name(reader: Reader, *, max_fields: int = MAX_NAMESPACE_FIELDS,
+                         max_length: int = MAX_FULL_TRACK_NAME_LENGTH) -> tuple[Namespace, bytes]:
+    """Track Namespace then Track Name; the namespace fields and the name total at most 4096 octets."""
+    namespace = pull_namespace(reader, max_fields=max_fields, max_length=max_length)
+    used = sum(len(f) for f in namespace)
+    name = reader.pull_length_prefixed(max_length - used, "Full Track Name")
+    return namespace, bytes(name)
+
+
+# --- Location ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True, order=True)
+class Location:
+    """(Group, Object); field order makes Python's ordering the draft's Location ordering."""
+
+    group: int
+    object: int
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.group <= VARINT_MAX and 0 <= self.object <= VARINT_MAX):
+            raise ValueError(f"Location {self.group}/{self.object} outside the varint range")
+
+    def encode(self, writer: Writer) -> None:
+        writer.push_varint(self.group)
+        writer.push_varint(self.object)
+
+    @classmethod
+    def decode(cls, reader: Reader) -> Location:
+        return cls(reader.pull_varint(), reader.pull_varint())
+
+
+# --- Key-Value-Pair ------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class KeyValuePair:
+    """Even ``type``: the value is a varint (``int``). Odd ``type``: the value is bytes."""
+
+    type: int
+    value: int | bytes
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.type <= VARINT_MAX:
+            raise ValueError(f"Key-Value-Pair type {self.type} outside the varint range")
+        if self.type % 2 == 0:
+            if not isinstance(self.value, int) or not 0 <= self.value <= VARINT_MAX:
+                raise ValueError(f"even Key-Value-Pair type 0x{self.type:x} needs a varint value")
+        elif not isinstance(self.value, bytes):
+            raise ValueError(f"odd Key-Value-Pair type 0x{self.type:x} needs a bytes value")
+        elif len(self.value) > MAX_KVP_VALUE_LENGTH:
+            raise ValueError(f"Key-Value-Pair value longer than {MAX_KVP_VALUE_LENGTH} octets")
+
+    def encode(self, writer: Writer) -> None:
+        writer.push_varint(self.type)
+        if isinstance(self.value, int):
+            writer.push_varint(self.value)
+        else:
+            writer.push_length_prefixed(self.value)
+
+    @classmethod
+    def decode(cls, reader: Reader, *, max_value_length: int = MAX_KVP_VALUE_LENGTH) -> KeyValuePair:
+        kind = reader.pull_varint()
+        if kind % 2 == 0:
+            return cls(kind, reader.pull_varint())
+        return cls(kind, bytes(reader.pull_length_prefixed(max_value_length, "Key-Value-Pair value")))
+
+
+def encode_kvps(pairs: tuple[KeyValuePair, ...] | list[KeyValuePair]) -> bytes:
+    """Key-Value-Pairs back to back, with no count or length in front."""
+    writer = Writer()
+    for pair in pairs:
+        pair.encode(writer)
+    return writer.getvalue()
+
+
+def decode_kvp_block(data: Bytes, *, max_value_length: int = MAX_KVP_VALUE_LENGTH,
+                     error_code: int = _PV) -> tuple[KeyValuePair, ...]:
+    """Key-Value-Pairs that exactly fill ``data`` (an Extension Headers block, Immutable Extensions).
+
+    A pair that runs past the end is a framing error reported with ``error_code``.
+    """
+    reader = Reader(data)
+    pairs: list[KeyValuePair] = []
+    try:
+        while not reader.at_end():
+            pairs.append(KeyValuePair.decode(reader, max_value_length=max_value_length))
+    except NeedMoreData:
+        raise ProtocolViolation(error_code, "Key-Value-Pair runs past the end of its block") from None
+    return tuple(pairs)
+
+
+# --- Reason Phrase -------------------------------------------------------------------------------
+
+def push_reason_phrase(writer: Writer, reason: str, limit: int = MAX_REASON_PHRASE_LENGTH) -> None:
+    data = reason.encode("utf-8")
+    if len(data) > limit:
+        raise ValueError(f"Reason Phrase longer than {limit} octets")
+    writer.push_length_prefixed(data)
+
+
+def pull_reason_phrase(reader: Reader, limit: int = MAX_REASON_PHRASE_LENGTH) -> str:
+    """UTF-8 diagnostic text; undecodable octets are replaced (the text carries no semantics)."""
+    return str(reader.pull_length_prefixed(limit, "Reason Phrase"), "utf-8", "replace")
