@@ -1,0 +1,495 @@
+"""The aioquic adapter (moqt/quic.py) over loopback UDP with a dev PKI made at test time.
+
+Sessions here are tiny stand-ins for the MOQT session: objects with ``handle_event(quic_event)`` that
+write into the QuicConnection themselves, exactly the contract the real session follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import ssl
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aioquic.quic import events as qe
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from kvsp.pki import RoleSpec, make_dev_pki
+from moqt.auth import AuthError, issue_token
+from moqt.events import SessionEstablished, SetupRequested
+from moqt.params import AuthToken, SetupParameters
+from moqt.quic import (
+    INTERNAL_ERROR,
+    MAX_DATAGRAM_SIZE,
+    UNAUTHORIZED,
+    ConnectionClosedError,
+    EndpointConfig,
+    MoqtConnection,
+    MoqtServer,
+    MoqtUri,
+    QuicSettings,
+    connect,
+    serve,
+)
+from moqt.session import MoqtSession
+from moqt.tls import HookedQuicConnection, PeerCertificateError
+
+SERVER_URI = "moqt://127.0.0.1:4433/relay"
+CLIENT_URI = "https://client.test/kvsp/"
+T = 20.0  # upper bound for any single await in these tests
+
+
+@dataclass
+class Pki:
+    dir: Path
+    other: Path  # a second, unrelated CA with its own "client" and "server"
+
+    def config(self, name: str | None, *, ca: Path | None = None, settings: QuicSettings | None = None,
+               token_keys: Sequence[ec.EllipticCurvePublicKey] = (), require_certificate: bool = False
+               ) -> EndpointConfig:
+        base = ca or self.dir
+        cert, key = (base / f"{name}.pem", base / f"{name}.key") if name else (None, None)
+        return EndpointConfig.from_files(cert, key, base / "ca.pem", settings or FAST, token_keys=token_keys,
+                                         require_certificate=require_certificate)
+
+
+FAST = QuicSettings(auth_timeout_s=0.5, handshake_timeout_s=5.0, idle_timeout_s=10.0)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    base = tmp_path_factory.mktemp("pki")
+    make_dev_pki(base / "a", [RoleSpec("server", SERVER_URI), RoleSpec("client", CLIENT_URI),
+                              RoleSpec("elsewhere", "moqt://relay.other.test:4433/"),
+                              RoleSpec("c2", "https://c2.test/")])
+    make_dev_pki(base / "b", [RoleSpec("server", SERVER_URI), RoleSpec("client", CLIENT_URI)])
+    return Pki(base / "a", base / "b")
+
+
+# -- test sessions --------------------------------------------------------------------------------
+@dataclass
+class Recorder:
+    """Records every QUIC event; returns stream data as (stream_id, data, end) events."""
+
+    conn: MoqtConnection[tuple[int, bytes, bool]]
+    seen: list[qe.QuicEvent] = field(default_factory=list)
+
+    def handle_event(self, event: qe.QuicEvent) -> Sequence[tuple[int, bytes, bool]]:
+        self.seen.append(event)
+        if isinstance(event, qe.StreamDataReceived):
+            return [(event.stream_id, event.data, event.end_stream)]
+        return []
+
+
+class Echo(Recorder):
+    """Writes every received stream byte back on the same stream (FIN too)."""
+
+    def handle_event(self, event: qe.QuicEvent) -> Sequence[tuple[int, bytes, bool]]:
+        out = super().handle_event(event)
+        if isinstance(event, qe.StreamDataReceived):
+            self.conn.quic.send_stream_data(event.stream_id, event.data, event.end_stream)
+        return out
+
+
+class TokenOnFirstStream(Recorder):
+    """Stands in for CLIENT_SETUP's AUTHORIZATION_TOKEN: the first stream's content is the token.
+
+    Like the real session, a bad token closes with the error's session code.
+    """
+
+    def handle_event(self, event: qe.QuicEvent) -> Sequence[tuple[int, bytes, bool]]:
+        out = super().handle_event(event)
+        if isinstance(event, qe.StreamDataReceived) and event.end_stream:
+            token = b"".join(e.data for e in self.seen if isinstance(e, qe.StreamDataReceived))
+            try:
+                self.conn.authenticate_with_token(token)
+            except AuthError as exc:
+                self.conn.close(exc.session_code, str(exc))
+        return out
+
+
+class Ticking(Recorder):
+    """A session with its own deadline (like MoqtSession's GOAWAY timeout)."""
+
+    deadline: float | None = None
+
+    def handle_event(self, event: qe.QuicEvent) -> Sequence[tuple[int, bytes, bool]]:
+        if isinstance(event, qe.HandshakeCompleted):
+            self.deadline = asyncio.get_running_loop().time() + 0.05
+        return super().handle_event(event)
+
+    def get_timer(self) -> float | None:
+        return self.deadline
+
+    def handle_timer(self, now: float) -> Sequence[tuple[int, bytes, bool]]:
+        self.deadline = None
+        return [(-1, b"tick", False)]
+
+
+Factory = Callable[[MoqtConnection[tuple[int, bytes, bool]]], Recorder]
+
+
+@dataclass
+class Served:
+    server: MoqtServer[tuple[int, bytes, bool]]
+    sessions: list[Recorder]
+
+    @property
+    def uri(self) -> str:
+        return f"moqt://127.0.0.1:{self.server.port}/relay?x=1"
+
+
+async def _serve(config: EndpointConfig, cls: type[Recorder] = Recorder) -> Served:
+    sessions: list[Recorder] = []
+
+    def factory(conn: MoqtConnection[tuple[int, bytes, bool]]) -> Recorder:
+        sessions.append(cls(conn))
+        return sessions[-1]
+
+    return Served(await serve("127.0.0.1", 0, config, factory), sessions)
+
+
+@pytest.fixture
+async def served(pki: Pki) -> AsyncIterator[Served]:
+    s = await _serve(pki.config("server"), Echo)
+    yield s
+    s.server.close()
+    await asyncio.wait_for(s.server.wait_closed(), T)
+
+
+def recorder(conn: MoqtConnection[tuple[int, bytes, bool]]) -> Recorder:
+    return Recorder(conn)
+
+
+async def _closed_code(conn: MoqtConnection[Any]) -> int:
+    await asyncio.wait_for(conn.wait_closed(), T)
+    assert conn.close_event is not None
+    return conn.close_event.error_code
+
+
+# -- URIs and settings ------------------------------------------------------------------------------
+@pytest.mark.parametrize(("uri", "host", "port", "path"), [
+    ("moqt://relay.example:4433/kvsp", "relay.example", 4433, "/kvsp"),
+    ("moqt://relay.example/", "relay.example", 443, "/"),
+    ("moqt://relay.example", "relay.example", 443, ""),
+    ("moqt://[::1]:9000/a/b?c=d&e", "::1", 9000, "/a/b?c=d&e"),
+])
+def test_uri_parsing(uri: str, host: str, port: int, path: str) -> None:
+    parsed = MoqtUri.parse(uri)
+    assert (parsed.host, parsed.port, parsed.path) == (host, port, path)
+    assert MoqtUri.parse(str(parsed)) == parsed
+
+
+@pytest.mark.parametrize("uri", ["https://h/", "moqt:///path", "moqt://h:99999/", "moqt://u@h/", "moqt://h/#f",
+                                 "moqt://h:x/"])
+def test_bad_uris(uri: str) -> None:
+    with pytest.raises(ValueError):
+        MoqtUri.parse(uri)
+
+
+def test_datagram_size_is_clamped_below_aioquic_stream_frame_limit(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        s = QuicSettings(max_datagram_size=65000, loopback_datagram_size=20000)
+    assert s.max_datagram_size == s.loopback_datagram_size == MAX_DATAGRAM_SIZE == 16000
+    assert "14 bits" in caplog.text
+    assert MAX_DATAGRAM_SIZE < 0x3FFF  # the 2-byte varint aioquic writes for STREAM frame lengths
+    with pytest.raises(ValueError):
+        QuicSettings(max_datagram_size=1000)
+    assert s.datagram_size_for(("127.0.0.1", 1)) == 16000
+    assert s.datagram_size_for(("::ffff:127.0.0.1", 1, 0, 0)) == 16000
+    assert QuicSettings().datagram_size_for(("10.1.2.3", 1)) == 1452
+    assert QuicSettings().datagram_size_for(("::1", 1, 0, 0)) == 16000
+
+
+def test_quic_configuration_carries_settings(pki: Pki) -> None:
+    config = pki.config("client", settings=QuicSettings(max_data=1 << 22, congestion_control="reno"))
+    qc = config.quic_configuration(is_client=True, datagram_size=9000, server_name="127.0.0.1")
+    assert qc.alpn_protocols == ["moq-00"]
+    assert (qc.max_datagram_size, qc.max_data, qc.congestion_control_algorithm) == (9000, 1 << 22, "reno")
+    assert qc.certificate is not None and qc.private_key is not None
+    assert qc.verify_mode == ssl.CERT_NONE  # aioquic's check can't parse our URI SANs; moqt/tls.py verifies
+
+
+# -- authentication ---------------------------------------------------------------------------------
+async def test_mutual_authentication_both_sides_see_identity(pki: Pki, served: Served) -> None:
+    conn = await connect(served.uri, pki.config("client"), recorder)
+    async with conn:
+        assert conn.peer_identity == SERVER_URI and conn.authenticated_by == "certificate"
+        assert conn.uri is not None and conn.uri.path == "/relay?x=1"
+        (session,) = served.sessions
+        assert session.conn.peer_identity == CLIENT_URI
+        assert session.conn.authenticated_by == "certificate"
+        assert session.conn.peer_certificate is not None
+        assert any(isinstance(e, qe.HandshakeCompleted) for e in session.seen)
+        assert isinstance(session.seen[0], qe.ProtocolNegotiated)  # queued before the session existed
+        assert conn.quic.tls.alpn_negotiated == "moq-00"
+    assert conn.close_event is not None and conn.close_event.error_code == 0
+
+
+async def test_client_without_certificate_is_closed_at_auth_deadline(pki: Pki, served: Served) -> None:
+    conn = await connect(served.uri, pki.config(None), recorder)
+    (session,) = served.sessions
+    assert session.conn.peer_identity is None and session.conn.authenticated_by is None
+    start = time.monotonic()
+    assert await _closed_code(conn) == UNAUTHORIZED
+    assert 0.3 < time.monotonic() - start < 5
+    assert conn.close_event is not None and "token" in conn.close_event.reason_phrase
+
+
+async def test_required_certificate_closes_at_once_without_a_session(pki: Pki) -> None:
+    s = await _serve(pki.config("server", require_certificate=True))
+    try:
+        conn = await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config(None), recorder)
+        assert await _closed_code(conn) == UNAUTHORIZED
+        assert s.sessions == []
+    finally:
+        s.server.close()
+
+
+async def test_token_authenticates_a_client_without_certificate(pki: Pki) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    s = await _serve(pki.config("server", token_keys=[key.public_key()]), TokenOnFirstStream)
+    token = issue_token(key, "https://tokenholder.test/", [bytes(16)], expires_at=int(time.time()) + 60,
+                        now=int(time.time()))
+    try:
+        conn = await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config(None), recorder)
+        await conn.write(conn.quic.get_next_available_stream_id(), token, end_stream=True)
+        (session,) = s.sessions
+        while session.conn.authenticated_by is None and not conn.closed:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(FAST.auth_timeout_s + 0.1)  # past the auth deadline: still open
+        assert not conn.closed
+        assert session.conn.peer_identity == "https://tokenholder.test/"
+        assert session.conn.authenticated_by == "token"
+        assert session.conn.token_claims is not None and session.conn.token_claims.allows_scope(bytes(16))
+        await conn.__aexit__(None, None, None)
+    finally:
+        s.server.close()
+
+
+async def test_bad_token_leaves_client_unauthenticated(pki: Pki) -> None:
+    trusted, rogue = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    s = await _serve(pki.config("server", token_keys=[trusted.public_key()]), TokenOnFirstStream)
+    token = issue_token(rogue, "https://x.test/", expires_at=int(time.time()) + 60, now=int(time.time()))
+    try:
+        conn = await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config(None), recorder)
+        await conn.write(conn.quic.get_next_available_stream_id(), token, end_stream=True)
+        assert await _closed_code(conn) == UNAUTHORIZED  # BadSignatureError.session_code
+        assert s.sessions[0].conn.peer_identity is None
+    finally:
+        s.server.close()
+
+
+async def test_client_certificate_from_another_ca_is_rejected(pki: Pki) -> None:
+    s = await _serve(pki.config("server"))
+    try:
+        rogue = EndpointConfig.from_files(pki.other / "client.pem", pki.other / "client.key", pki.dir / "ca.pem",
+                                          FAST)
+        conn = await connect(f"moqt://127.0.0.1:{s.server.port}/", rogue, recorder)
+        assert await _closed_code(conn) == UNAUTHORIZED
+        assert s.sessions == []  # no session ever saw the unverified peer
+    finally:
+        s.server.close()
+
+
+async def test_server_certificate_from_another_ca_is_rejected(pki: Pki) -> None:
+    s = await _serve(pki.config("server", ca=pki.other))
+    try:
+        with pytest.raises((ConnectionClosedError, PeerCertificateError)):
+            await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config("client"), recorder)
+        assert s.sessions == []
+    finally:
+        s.server.close()
+
+
+async def test_server_name_mismatch_is_rejected(pki: Pki) -> None:
+    s = await _serve(pki.config("elsewhere"))  # certificate for relay.other.test, reached as 127.0.0.1
+    try:
+        with pytest.raises((ConnectionClosedError, PeerCertificateError)):
+            await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config("client"), recorder)
+    finally:
+        s.server.close()
+
+
+async def test_unexpected_server_identity_is_rejected_by_our_check(pki: Pki, served: Served) -> None:
+    with pytest.raises(PeerCertificateError, match="expected"):
+        await connect(served.uri, pki.config("client"), recorder, expected_identity="moqt://someone.else/")
+    # The server never keeps the connection: it ends (UNAUTHORIZED from the client) within the bound.
+    deadline = time.monotonic() + T
+    while served.server.connections and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert not served.server.connections
+
+
+# -- data path ----------------------------------------------------------------------------------------
+async def test_echo_8_mib_over_one_stream_with_backpressure(pki: Pki, served: Served) -> None:
+    settings = QuicSettings(send_high_water=256 << 10)
+    conn = await connect(served.uri, pki.config("client", settings=settings), recorder)
+    payload = os.urandom(8 << 20)
+    peak = 0
+    original = conn.quic.send_stream_data
+
+    def watched(stream_id: int, data: bytes, end_stream: bool = False) -> None:
+        nonlocal peak
+        original(stream_id, data, end_stream)
+        peak = max(peak, conn.send_buffered(stream_id))
+
+    conn.quic.send_stream_data = watched  # type: ignore[method-assign]
+    stream_id = conn.quic.get_next_available_stream_id()
+
+    async def receive() -> bytes:
+        chunks = []
+        async for sid, data, end in conn.events():
+            assert sid == stream_id
+            chunks.append(data)
+            if end:
+                break
+        return b"".join(chunks)
+
+    async with conn:
+        start = time.monotonic()
+        reader = asyncio.ensure_future(receive())
+        await asyncio.wait_for(conn.write(stream_id, payload, end_stream=True), T)
+        echoed = await asyncio.wait_for(reader, T)
+        assert echoed == payload
+        assert 0 < peak <= settings.send_high_water
+        assert time.monotonic() - start < T
+
+
+async def test_transmit_is_coalesced_per_receive_batch(pki: Pki) -> None:
+    s = await _serve(pki.config("server"))
+    try:
+        conn = await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config("client"), recorder)
+        async with conn:
+            await asyncio.wait_for(conn.write(0, bytes(8 << 20), end_stream=True), T)
+            receiver = s.sessions[0].conn
+            while receiver.stats.octets_received < 8 << 20:
+                await asyncio.sleep(0.01)
+            stats = receiver.stats
+            # aioquic.asyncio builds packets after every datagram (transmits == datagrams received).
+            assert stats.transmits < stats.datagrams_received / 2, stats
+    finally:
+        s.server.close()
+
+
+async def test_largest_datagram_stays_within_the_clamp(pki: Pki, served: Served) -> None:
+    settings = QuicSettings(loopback_datagram_size=65000)
+    conn = await connect(served.uri, pki.config("client", settings=settings), recorder)
+    async with conn:
+        await asyncio.wait_for(conn.write(0, bytes(1 << 20), end_stream=True), T)
+        async for _, _, end in conn.events():
+            if end:
+                break
+        assert 9000 < conn.stats.largest_datagram_sent <= MAX_DATAGRAM_SIZE
+
+
+async def test_session_exception_closes_with_internal_error(pki: Pki) -> None:
+    class Broken(Recorder):
+        def handle_event(self, event: qe.QuicEvent) -> Sequence[tuple[int, bytes, bool]]:
+            if isinstance(event, qe.StreamDataReceived):
+                raise RuntimeError("bug")
+            return []
+
+    s = await _serve(pki.config("server"), Broken)
+    try:
+        conn = await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config("client"), recorder)
+        await conn.write(0, b"x", end_stream=True)
+        assert await _closed_code(conn) == INTERNAL_ERROR
+        with pytest.raises(ConnectionClosedError):
+            await conn.write(0, b"more")
+    finally:
+        s.server.close()
+
+
+async def test_session_timer_is_armed_and_fired(pki: Pki, served: Served) -> None:
+    conn = await connect(served.uri, pki.config("client"), Ticking)
+    async with conn:
+        assert await asyncio.wait_for(conn.next_event(), T) == (-1, b"tick", False)
+
+
+async def test_server_close_ends_its_connections(pki: Pki) -> None:
+    s = await _serve(pki.config("server"))
+    conn = await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config("client"), recorder)
+    s.server.close()
+    assert await _closed_code(conn) == 0
+    await asyncio.wait_for(s.server.wait_closed(), T)
+    with pytest.raises(ConnectionClosedError):
+        await conn.next_event()
+
+
+def test_runs_on_uvloop(pki: Pki) -> None:
+    """uvloop's 1 ms timers must not stall or spin the pacer: a 4 MiB echo completes promptly."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main() -> None:
+        s = await _serve(pki.config("server"), Echo)
+        conn = await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config("client"), recorder)
+        async with conn:
+            await conn.write(0, bytes(4 << 20), end_stream=True)
+            got = 0
+            async for _, data, end in conn.events():
+                got += len(data)
+                if end:
+                    break
+            assert got == 4 << 20
+        s.server.close()
+        await s.server.wait_closed()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(asyncio.wait_for(main(), T))
+
+
+def test_quic_connection_subclass_hooks_writes() -> None:
+    calls: list[int] = []
+    quic = HookedQuicConnection(configuration=QuicConfiguration(is_client=True))
+    quic.on_write = lambda: calls.append(1)
+    assert isinstance(quic, QuicConnection)
+    quic.send_ping(1)
+    assert calls == [1]
+    assert not quic.closing
+    quic.close(0x2, reason_phrase="bye")
+    assert quic.closing and calls == [1, 1]
+
+
+# -- with the real MOQT session ---------------------------------------------------------------------
+@pytest.mark.parametrize("trusted", [True, False])
+async def test_moqt_session_setup_with_authorization_token(pki: Pki, trusted: bool) -> None:
+    """CLIENT_SETUP carries the token; the server checks it on SetupRequested, as D3 intends."""
+    issuer = ec.generate_private_key(ec.SECP256R1())
+    signer = issuer if trusted else ec.generate_private_key(ec.SECP256R1())
+    token = issue_token(signer, "https://c.test/", [bytes(16)], expires_at=int(time.time()) + 60, now=int(time.time()))
+
+    def on_setup(conn: MoqtConnection[object], event: object) -> None:
+        if isinstance(event, SetupRequested):
+            session = conn.session
+            try:
+                conn.authenticate_with_token(event.authorization[0].value)
+            except AuthError as exc:
+                session.reject_setup(exc.session_code, str(exc))  # type: ignore[union-attr]
+                return
+            session.accept_setup()  # type: ignore[union-attr]
+
+    server = await serve("127.0.0.1", 0, pki.config("server", token_keys=[issuer.public_key()]),
+                         lambda c: MoqtSession(c.quic, auto_accept=False), on_event=on_setup)
+    params = SetupParameters(authorization_tokens=(AuthToken.use_value(0, token),))
+    try:
+        conn = await connect(f"moqt://127.0.0.1:{server.port}/relay", pki.config(None),
+                             lambda c: MoqtSession(c.quic, path="/relay", setup_parameters=params))
+        if trusted:
+            assert isinstance(await asyncio.wait_for(conn.next_event(), T), SessionEstablished)
+            (accepted,) = server.connections
+            assert (accepted.peer_identity, accepted.authenticated_by) == ("https://c.test/", "token")
+            await conn.__aexit__(None, None, None)
+        else:
+            assert await _closed_code(conn) == UNAUTHORIZED
+    finally:
+        server.close()
+        await asyncio.wait_for(server.wait_closed(), T)
