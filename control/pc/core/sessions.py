@@ -188,10 +188,12 @@ class SessionTable:
     def _failover(self, entry: _Session, now: float, choose: Chooser, avoid: frozenset[str]) -> FailoverAction:
         # Raise the epoch before anything else: from here on the old owner is fenced.  A stranded
         # session has no owner to fence, so a retry keeps the epoch its resume has not used yet.
+        # A retry that finds no instance does not count as activity: a session stranded for good
+        # still ages out through `expire` instead of being kept alive by its own retries.
         if entry.owner is not None or entry.stranded is None:
             entry.epoch += 1
+            entry.touched = now
         entry.owner = None
-        entry.touched = now
         if entry.checkpoint is None:
             entry.stranded = NO_CHECKPOINT
             return SessionStranded(entry.session, entry.epoch, NO_CHECKPOINT)
@@ -201,7 +203,7 @@ class SessionTable:
         if target is None:
             entry.stranded = NO_INSTANCE
             return SessionStranded(entry.session, entry.epoch, NO_INSTANCE)
-        entry.owner, entry.stranded = target, None
+        entry.owner, entry.stranded, entry.touched = target, None, now
         return ResumeSession(entry.session, target, checkpoint)
 
     def expire(self, now: float) -> list[str]:

@@ -1,0 +1,79 @@
+"""PC metrics (spec section 8: migrations; plus placement and resharding), one registry per process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from prometheus_client import Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from control.metrics import Metrics
+from control.pc.core import InstanceRegistry, SessionTable
+from kvsp.registry import InstanceState
+
+
+@dataclass(frozen=True, slots=True)
+class PcMetrics:
+    """Counters updated on the request and action paths; labels say the outcome."""
+
+    placements: Counter  # result: assigned | woken | none
+    cache_placements: Counter  # placements that came with a prefetch directive (loading beats recompute)
+    prefetches: Counter  # result: accepted | failed
+    starts: Counter  # result: accepted | failed
+    migrations: Counter  # sessions resumed on another instance (resume accepted)
+    resume_failures: Counter  # resume refused or undeliverable (the PC moves on)
+    stranded: Counter  # reason: no-instance | no-checkpoint
+    stale_epochs: Counter  # message: status | checkpoint
+    statuses: Counter  # status records accepted
+    denials: Counter  # operation: status | checkpoint | request | session | map
+    instance_failures: Counter  # reason: expired | fault | restarted
+    state_changes: Counter  # result: accepted | failed (PUT state attempts)
+    reshards: Counter  # outcome: committed | aborted
+    lookup_failures: Counter  # lookups at the IS that failed (placement went on without the cache)
+
+    @classmethod
+    def register(cls, m: Metrics) -> PcMetrics:
+        return cls(
+            placements=m.counter("kvsp_pc_placements", "Placement decisions for POST requests", ("result",)),
+            cache_placements=m.counter("kvsp_pc_cache_placements", "Placements that load cached blocks"),
+            prefetches=m.counter("kvsp_pc_prefetches_sent", "Prefetch directives sent", ("result",)),
+            starts=m.counter("kvsp_pc_session_starts", "POST sessions/{session}/start sent", ("result",)),
+            migrations=m.counter("kvsp_pc_migrations", "Sessions resumed on another instance"),
+            resume_failures=m.counter("kvsp_pc_resume_failures", "Resumes refused or undeliverable"),
+            stranded=m.counter("kvsp_pc_sessions_stranded", "Sessions left without an instance", ("reason",)),
+            stale_epochs=m.counter("kvsp_pc_stale_epoch_rejections", "Messages refused with kvsp-stale-epoch",
+                                   ("message",)),
+            statuses=m.counter("kvsp_pc_instance_statuses", "Instance Status Records accepted"),
+            denials=m.counter("kvsp_pc_denials", "Requests refused for the client's identity", ("operation",)),
+            instance_failures=m.counter("kvsp_pc_instance_failures", "Instance incarnations declared failed",
+                                        ("reason",)),
+            state_changes=m.counter("kvsp_pc_state_changes", "PUT state attempts", ("result",)),
+            reshards=m.counter("kvsp_pc_reshards", "Reshard moves finished", ("outcome",)),
+            lookup_failures=m.counter("kvsp_pc_lookup_failures", "Lookups at the IS that failed"),
+        )
+
+
+class PcCollector(Collector):
+    """Gauges read from the cores at scrape time, so no request path has to keep them current."""
+
+    def __init__(self, registry: InstanceRegistry, sessions: SessionTable) -> None:
+        self.registry = registry
+        self.sessions = sessions
+
+    def collect(self) -> Iterable[Metric]:
+        by_state = GaugeMetricFamily("kvsp_pc_instances", "Instances by the PC's view of their state",
+                                     labels=("state",))
+        counts = dict.fromkeys(InstanceState, 0)
+        for instance in self.registry:
+            state = self.registry.state_of(instance)
+            if state is not None:
+                counts[state] += 1
+        for state, n in counts.items():
+            by_state.add_metric((state.value,), n)
+        yield by_state
+        yield GaugeMetricFamily("kvsp_pc_sessions", "Sessions tracked (including tombstones)",
+                                value=len(self.sessions))
+        yield GaugeMetricFamily("kvsp_pc_sessions_waiting", "Sessions stranded until an instance is free",
+                                value=len(self.sessions.stranded()))

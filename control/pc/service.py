@@ -1,0 +1,531 @@
+"""The PC adapter's runtime: it feeds the sans-I/O cores and carries out the actions they return.
+
+Every decision is made in `control.pc.core` (`InstanceRegistry`, `SessionTable`, `ReshardCoordinator`,
+`Placer`); this module reads the clock, authorizes nothing (the HTTP handlers do), and moves values
+between the cores and the network:
+
+- a status record goes to the registry (and to the IS's `StatusBoard` when the IS runs here); the
+  incarnations it ends fail over, the state changes it asks for are sent;
+- a request gets its Block Keys computed with the scope's key, a lookup at the IS with the eligible
+  instances as targets, a `Placer` decision, a prefetch directive when there is one, and a start;
+- an instance failure fences and moves its sessions (`SessionTable.fail_instance`), aborts its
+  reshards, and each resume is delivered, moving on (`fail_session`) when the instance refuses it;
+- the maintenance loop (`run`) expires statuses, reshard deadlines and idle sessions by the clock.
+
+Every outbound call is bounded by ``[pc] call_timeout_ms``; retries are bounded in number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from control.index.status import StatusBoard
+from control.pc.client import InstanceClient
+from control.pc.core import (
+    Assign,
+    Chooser,
+    FailoverAction,
+    InstanceFailed,
+    InstanceRegistry,
+    MinActivePolicy,
+    NoPlacement,
+    PlacementRequest,
+    Placer,
+    PlacerConfig,
+    ReshardAction,
+    ReshardCoordinator,
+    ResumeSession,
+    SendAbort,
+    SendCommit,
+    SendPlan,
+    SendStateChange,
+    SessionStranded,
+    SessionTable,
+    StatusDiscarded,
+    Wake,
+)
+from control.pc.messages import GenerateRequest, SessionInfo, SessionState, StartSession
+from control.pc.metrics import PcMetrics
+from control.pc.settings import PcSettings
+from control.pc.tasks import Background, backoff_s
+from control.policy import Policy
+from kvsp.client.index import IndexClient
+from kvsp.descriptor import CompatDescriptor
+from kvsp.errors import KvspError
+from kvsp.keys import block_keys
+from kvsp.problems import Problem, ProblemError, ProblemType
+from kvsp.records import (
+    InstanceStatus,
+    LookupRequest,
+    LookupResponse,
+    PrefetchDirective,
+    ReshardMessage,
+    SessionCheckpoint,
+    ShardMap,
+    StateChange,
+)
+from kvsp.records._common import MAX_URIS
+from kvsp.registry import InstanceState
+
+log = logging.getLogger("kvsp.pc")
+
+FIRST_EPOCH: Final = 1
+RESUME_ATTEMPTS: Final = 3  # instances tried for one failover before the session waits (stranded)
+MAX_MOVES: Final = 6  # moves without progress (no checkpoint at the new epoch) before the PC gives up
+DELIVERY_ATTEMPTS: Final = 6  # PUT state, reshard commit/abort: retries before giving up
+STRANDED_RETRY_S: Final = 1.0
+MIN_LOOP_DELAY_S: Final = 0.005
+NO_LOOKUP: Final = LookupResponse(())
+
+
+@dataclass(slots=True)
+class SessionMeta:
+    """What the PC knows of a session it placed beyond the core's table.
+
+    ``prompt`` is kept until the first checkpoint with output: until then a move re-sends the start
+    (at the new epoch) instead of a resume, because a Session Checkpoint names prompt blocks by key
+    only, and blocks that no instance has computed yet cannot be loaded anywhere.
+    """
+
+    scope_id: bytes
+    max_tokens: int
+    last_owner: str | None
+    prompt: tuple[int, ...] | None = None
+    moves: int = 0  # moves since the last checkpoint at the current epoch
+
+
+@dataclass(frozen=True, slots=True)
+class ReshardOutcome:
+    version: int
+    outcome: str  # "committed" or "aborted"
+
+
+def _nowhere(checkpoint: SessionCheckpoint, avoid: frozenset[str]) -> str | None:
+    return None
+
+
+def _service_unavailable(detail: str) -> ProblemError:
+    return ProblemError(Problem.generic(503, "Service Unavailable", detail))
+
+
+class PlacementController:
+    """The PC's cores, its outbound clients and its background work, bound to one clock."""
+
+    def __init__(self, settings: PcSettings, policy: Policy, *, base_uri: str, clock: Callable[[], float],
+                 metrics: PcMetrics, board: StatusBoard | None = None) -> None:
+        self.settings = settings
+        self.policy = policy
+        self.base_uri = base_uri
+        self.clock = clock
+        self.metrics = metrics
+        self.board = board
+        self.registry = InstanceRegistry(MinActivePolicy(settings.min_active))
+        self.sessions = SessionTable()
+        self.reshards = ReshardCoordinator()
+        mean_us = settings.mean_service_ms * 1000
+        self.placers = {compat: Placer(PlacerConfig(block_tokens=d.block_tokens, layers=d.layers,
+                                                    mean_service_us=mean_us))
+                        for compat, d in settings.descriptors.items()}
+        self.meta: dict[str, SessionMeta] = {}
+        self.map_outcomes: dict[str, ReshardOutcome] = {}
+        self.client: InstanceClient | None = None  # set when the app starts (needs a running loop)
+        self.index: IndexClient | None = None
+        self.tasks = Background()
+        self._desired: dict[str, InstanceState] = {}
+        self._state_senders: set[str] = set()
+        self._last_stranded_retry = -math.inf
+
+    @property
+    def instances(self) -> InstanceClient:
+        if self.client is None:
+            raise _service_unavailable("the PC is not started")
+        return self.client
+
+    # -- authorization helpers (decisions of the policy, asked by the handlers) --------------------
+    def is_admin(self, who: str) -> bool:
+        return who == self.base_uri or self.policy.is_pc(who) or who in self.settings.operators
+
+    def may_report(self, who: str) -> bool:
+        allowed = self.settings.instances
+        return allowed is None or who in allowed
+
+    def _eligible(self, scope_id: bytes, now: float) -> list[InstanceStatus]:
+        """Active instances that may read the scope: only they can serve its sessions."""
+        return [s for s in self.registry.eligible(now) if self.policy.may_read(s.instance, scope_id)]
+
+    def _sleeping(self, scope_id: bytes, now: float) -> list[InstanceStatus]:
+        return [s for s in self.registry.sleeping(now) if self.policy.may_read(s.instance, scope_id)]
+
+    # -- status (section 6.3) --------------------------------------------------------------------
+    def report_status(self, status: InstanceStatus, now: float) -> StateChange:
+        """Record a status PUT (the handler checked the sender); the answer body's state."""
+        outcome = self.registry.report(status, now)
+        if isinstance(outcome, StatusDiscarded):
+            if outcome.kind is ProblemType.STALE_EPOCH:
+                self.metrics.stale_epochs.labels("status").inc()
+            raise ProblemError(outcome.problem)
+        if self.board is not None:
+            self.board.put(status, now)
+        self.metrics.statuses.inc()
+        for failed in outcome.failed:
+            self.instance_failed(failed, now)
+        for action in outcome.actions:
+            self.send_state(action)
+        return outcome.answer if outcome.answer is not None else StateChange(outcome.state)
+
+    def instance_failed(self, failed: InstanceFailed, now: float) -> None:
+        """Fence and move the sessions of a failed incarnation; abort the reshards it belongs to."""
+        log.warning("instance %s (epoch %d) failed: %s", failed.instance, failed.epoch, failed.reason)
+        self.metrics.instance_failures.labels(failed.reason).inc()
+        self._desired.pop(failed.instance, None)
+        self.carry_out_reshard(self.reshards.member_failed(failed.instance, now))
+        self._close_finished(failed.instance, now)
+        for action in self.sessions.fail_instance(failed.instance, now, self.chooser(now)):
+            self._follow_later(action)
+
+    def _close_finished(self, instance: str, now: float) -> None:
+        """Sessions whose checkpoint covers max_tokens are done: close them instead of resuming them."""
+        for session in self.sessions.sessions_of(instance):
+            meta, latest = self.meta.get(session), self.sessions.latest(session)
+            epoch = self.sessions.epoch_of(session)
+            if meta is not None and latest is not None and epoch is not None \
+                    and latest.output_offset >= meta.max_tokens:
+                self.sessions.close(session, instance, epoch, now)
+
+    # -- instance state changes -----------------------------------------------------------------
+    def send_state(self, action: SendStateChange) -> None:
+        """PUT {instance}state in the background; the newest wanted state wins over older ones."""
+        self._desired[action.instance] = action.state
+        if action.instance not in self._state_senders:
+            self._state_senders.add(action.instance)
+            self.tasks.spawn(self._state_loop(action.instance), f"kvsp-pc-state {action.instance}")
+
+    async def _state_loop(self, instance: str) -> None:
+        try:
+            for attempt in range(DELIVERY_ATTEMPTS):
+                target = self._desired.get(instance)
+                if target is None or self.registry.state_of(instance) in (None, InstanceState.FAILED):
+                    return
+                if await self._put_state(instance, target):
+                    if self._desired.get(instance) is target:
+                        del self._desired[instance]
+                        return
+                    continue
+                await asyncio.sleep(backoff_s(attempt))
+            log.warning("gave up PUT state on %s after %d attempts", instance, DELIVERY_ATTEMPTS)
+        finally:
+            self._state_senders.discard(instance)
+
+    async def _put_state(self, instance: str, target: InstanceState) -> bool:
+        try:
+            await self.instances.put_state(instance, StateChange(target))
+        except KvspError as exc:
+            log.info("PUT state %s on %s failed: %s", target.value, instance, exc)
+            self.metrics.state_changes.labels("failed").inc()
+            return False
+        self.metrics.state_changes.labels("accepted").inc()
+        return True
+
+    async def _wake(self, instance: str, now: float) -> None:
+        """Wake a sleeping instance before routing to it; on failure keep trying in the background."""
+        action = self.registry.wake(instance, now)
+        if not await self._put_state(instance, action.state):
+            self.send_state(action)
+
+    # -- placement (sections 6.2, 6.4, 6.5 and the extension POST requests) ------------------------
+    async def place(self, request: GenerateRequest) -> SessionInfo:
+        descriptor = self.settings.descriptors.get(request.compat_id)
+        placer = self.placers.get(request.compat_id)
+        if descriptor is None or placer is None:
+            raise ProblemError.of(ProblemType.INCOMPATIBLE,
+                                  f"the PC places no requests for compat_id {request.compat_id.hex()}")
+        session = request.session or str(uuid.uuid4())
+        if self.sessions.epoch_of(session) is not None:
+            raise ProblemError(Problem.generic(409, "Conflict", f"session {session} already exists"))
+        keys = self._block_keys(request, descriptor)
+        lookup = await self._lookup(request, keys)
+        now = self.clock()
+        decision = placer.place(
+            PlacementRequest(request.scope_id, request.compat_id, len(request.prompt), request_ref=session),
+            lookup, self._eligible(request.scope_id, now), self._sleeping(request.scope_id, now))
+        if isinstance(decision, NoPlacement):
+            self.metrics.placements.labels("none").inc()
+            raise _service_unavailable(decision.reason)
+        self.metrics.placements.labels("woken" if isinstance(decision, Wake) else "assigned").inc()
+        if isinstance(decision, Wake):
+            await self._wake(decision.instance, now)
+        if decision.prefetch is not None:
+            self.metrics.cache_placements.inc()
+            await self._prefetch(decision.instance, decision.prefetch)
+        return await self._open_and_start(request, session, decision, keys, descriptor)
+
+    def _block_keys(self, request: GenerateRequest, descriptor: CompatDescriptor) -> list[bytes] | None:
+        """The prompt's Block Keys, or None when the PC holds no key for the scope (recompute only)."""
+        key = self.settings.scope_keys.get(request.scope_id)
+        if key is None:
+            return None
+        return block_keys(key, request.compat_id, descriptor.block_tokens, request.prompt)
+
+    async def _lookup(self, request: GenerateRequest, keys: list[bytes] | None) -> LookupResponse:
+        """Longest-prefix lookup with the eligible instances as targets; no cache when it fails."""
+        if not keys or self.index is None:
+            return NO_LOOKUP
+        targets = tuple(s.instance for s in self._eligible(request.scope_id, self.clock())[:MAX_URIS])
+        quota = self.policy.quotas.keys_per_lookup
+        query = LookupRequest(request.scope_id, request.compat_id, tuple(keys[:quota]), targets)
+        try:
+            return await self.index.lookup(query)
+        except KvspError as exc:
+            log.warning("lookup at %s failed, placing without the cache: %s", self.index.base_uri, exc)
+            self.metrics.lookup_failures.inc()
+            return NO_LOOKUP
+
+    async def _prefetch(self, instance: str, directive: PrefetchDirective) -> None:
+        try:
+            await self.instances.prefetch(instance, directive)
+        except KvspError as exc:
+            # Not fatal: the instance fetches or recomputes what the directive would have loaded.
+            log.info("prefetch directive to %s failed: %s", instance, exc)
+            self.metrics.prefetches.labels("failed").inc()
+            return
+        self.metrics.prefetches.labels("accepted").inc()
+
+    async def _open_and_start(self, request: GenerateRequest, session: str, decision: Assign | Wake,
+                              keys: list[bytes] | None, descriptor: CompatDescriptor) -> SessionInfo:
+        deterministic = request.sampler.method in self.settings.deterministic_methods
+        sampler = dataclasses.replace(request.sampler, step=0, deterministic=deterministic)
+        initial = None
+        if keys is not None:  # lets the session resume even if it fails before its first checkpoint
+            tail = request.prompt[len(keys) * descriptor.block_tokens:]
+            initial = SessionCheckpoint(session, FIRST_EPOCH, request.compat_id, request.scope_id, tuple(keys),
+                                        tail, (), 0, sampler)
+        # Registered before the start goes out, so that a fast first checkpoint finds its session.
+        self.sessions.open(session, decision.instance, self.clock(), checkpoint=initial, epoch=FIRST_EPOCH)
+        self.meta[session] = SessionMeta(request.scope_id, request.max_tokens, decision.instance, request.prompt)
+        start = StartSession(session, FIRST_EPOCH, request.scope_id, request.compat_id, request.prompt,
+                             request.max_tokens, sampler)
+        try:
+            await self.instances.start(decision.instance, start)
+        except KvspError as exc:
+            log.warning("start of session %s on %s failed: %s", session, decision.instance, exc)
+            self.metrics.starts.labels("failed").inc()
+            if self._owns(session, decision.instance, FIRST_EPOCH):
+                now = self.clock()
+                await self._follow(self.sessions.fail_session(session, now, self.chooser(now)))
+        else:
+            self.metrics.starts.labels("accepted").inc()
+        return self.info(session)
+
+    # -- sessions (section 6.8) -------------------------------------------------------------------
+    def checkpoint(self, sender: str, checkpoint: SessionCheckpoint, now: float) -> dict[str, object]:
+        """Record a checkpoint PUT; the Ack body.  Only live instances may register unknown sessions."""
+        if self.sessions.epoch_of(checkpoint.session) is None and \
+                self.registry.state_of(sender) in (None, InstanceState.FAILED):
+            self.metrics.denials.labels("checkpoint").inc()
+            raise ProblemError(Problem.generic(403, "Forbidden", f"{sender} is not a live instance"))
+        try:
+            ack = self.sessions.checkpoint(sender, checkpoint, now)
+        except ProblemError as exc:
+            if exc.problem.kind is ProblemType.STALE_EPOCH:
+                self.metrics.stale_epochs.labels("checkpoint").inc()
+            elif exc.problem.status == 403:
+                self.metrics.denials.labels("checkpoint").inc()
+            raise
+        meta = self.meta.get(ack.session)
+        if meta is not None:
+            meta.moves = 0  # the current owner is making progress
+            if ack.output_offset > 0:
+                meta.prompt = None
+        return ack.to_json()
+
+    def scope_of(self, session: str) -> bytes | None:
+        meta = self.meta.get(session)
+        if meta is not None:
+            return meta.scope_id
+        latest = self.sessions.latest(session)
+        return None if latest is None else latest.scope_id
+
+    def info(self, session: str) -> SessionInfo:
+        epoch = self.sessions.epoch_of(session)
+        if epoch is None:
+            raise ProblemError.of(ProblemType.NOT_FOUND, f"no session {session}")
+        owner, latest, meta = self.sessions.owner_of(session), self.sessions.latest(session), self.meta.get(session)
+        offset = 0 if latest is None else latest.output_offset
+        if meta is not None and offset >= meta.max_tokens:
+            state = SessionState.FINISHED
+        elif owner is None:
+            state = SessionState.STRANDED
+        else:
+            state = SessionState.RUNNING
+        instance = owner if owner is not None else (meta.last_owner if meta is not None else None)
+        return SessionInfo(session, instance, epoch, offset, state)
+
+    # -- failover ---------------------------------------------------------------------------------
+    def chooser(self, now: float) -> Chooser:
+        """Where to resume a session: the `Placer`'s choice among eligible instances, without lookup."""
+        def choose(checkpoint: SessionCheckpoint, avoid: frozenset[str]) -> str | None:
+            placer = self.placers.get(checkpoint.compat_id)
+            descriptor = self.settings.descriptors.get(checkpoint.compat_id)
+            if placer is None or descriptor is None:
+                return None
+            tokens = (len(checkpoint.prompt_blocks) * descriptor.block_tokens + len(checkpoint.prompt_tail)
+                      + len(checkpoint.generated))
+            meta = self.meta.get(checkpoint.session)
+            if meta is not None and meta.moves >= MAX_MOVES:
+                return None  # it failed everywhere: let it wait, stranded, until it expires
+            candidates = [s for s in self._eligible(checkpoint.scope_id, now) if s.instance not in avoid]
+            decision = placer.place(PlacementRequest(checkpoint.scope_id, checkpoint.compat_id, tokens,
+                                                     request_ref=checkpoint.session), NO_LOOKUP, candidates)
+            if not isinstance(decision, Assign):
+                return None
+            if meta is not None:
+                meta.moves += 1
+            return decision.instance
+        return choose
+
+    def _owns(self, session: str, instance: str, epoch: int) -> bool:
+        return self.sessions.owner_of(session) == instance and self.sessions.epoch_of(session) == epoch
+
+    def _follow_later(self, action: FailoverAction) -> None:
+        if isinstance(action, ResumeSession):
+            self.tasks.spawn(self._follow(action), f"kvsp-pc-resume {action.session}")
+        else:
+            self._stranded(action)
+
+    def _stranded(self, action: SessionStranded) -> None:
+        log.warning("session %s (epoch %d) stranded: %s", action.session, action.epoch, action.reason)
+        self.metrics.stranded.labels(action.reason).inc()
+
+    async def _follow(self, action: FailoverAction) -> None:
+        """Deliver a resume; when it is refused or undeliverable, move on to another instance.
+
+        After `RESUME_ATTEMPTS` instances the session is fenced once more and waits, stranded, for
+        `SessionTable.retry_stranded` in the maintenance loop.
+        """
+        for attempt in range(RESUME_ATTEMPTS):
+            if isinstance(action, SessionStranded):
+                break
+            meta = self.meta.get(action.session)
+            try:
+                await self._resume(action, meta)
+            except KvspError as exc:
+                log.warning("resume of %s on %s failed: %s", action.session, action.instance, exc)
+                self.metrics.resume_failures.inc()
+                if not self._owns(action.session, action.instance, action.checkpoint.epoch):
+                    return  # moved on meanwhile (another failure, or it finished)
+                now = self.clock()
+                choose = self.chooser(now) if attempt + 1 < RESUME_ATTEMPTS else _nowhere
+                action = self.sessions.fail_session(action.session, now, choose)
+                continue
+            self.metrics.migrations.inc()
+            if meta is not None:
+                meta.last_owner = action.instance
+            return
+        if isinstance(action, SessionStranded):
+            self._stranded(action)
+
+    async def _resume(self, action: ResumeSession, meta: SessionMeta | None) -> None:
+        """POST resume with the checkpoint at its new epoch; before any output, the start again."""
+        checkpoint = action.checkpoint
+        if meta is not None and meta.prompt is not None and checkpoint.output_offset == 0:
+            start = StartSession(checkpoint.session, checkpoint.epoch, checkpoint.scope_id, checkpoint.compat_id,
+                                 meta.prompt, meta.max_tokens, checkpoint.sampler)
+            await self.instances.start(action.instance, start)
+            return
+        await self.instances.resume(action.instance, checkpoint, None if meta is None else meta.max_tokens)
+
+    # -- resharding (section 6.9) -----------------------------------------------------------------
+    def reshard(self, new: ShardMap, deadline_ms: int, now: float) -> str:
+        """Move a map to ``new``: "started" when plans went out, "registered" for a new map (nothing
+        to move), "unchanged" when ``new`` is already authoritative; kvsp-plan-conflict otherwise."""
+        current = self.reshards.authoritative(new.map)
+        if current is None:
+            self.reshards.register(new)
+            return "registered"
+        if current == new and self.reshards.in_progress(new.map) is None:
+            return "unchanged"
+        for action in self.reshards.start(current, new, deadline_ms, now):
+            self.tasks.spawn(self._send_plan(action), f"kvsp-pc-plan {action.instance}")
+        return "started"
+
+    async def _send_plan(self, action: SendPlan) -> None:
+        try:
+            await self.instances.reshard(action.instance, action.plan)
+        except KvspError as exc:
+            log.info("reshard plan for %s refused by %s: %s", action.plan.map, action.instance, exc)
+            return  # no acknowledgement: the deadline aborts the move
+        try:
+            actions = self.reshards.ack(action.instance, action.plan.map, action.plan.to_version, self.clock())
+        except ProblemError:
+            return  # the move was already aborted (deadline, failed member)
+        self.carry_out_reshard(actions)
+
+    def carry_out_reshard(self, actions: Sequence[ReshardAction]) -> None:
+        """Send commits and aborts (each retried), and remember each map's outcome.
+
+        One call of the coordinator ends a move with one action per member, so each map named in
+        ``actions`` is one finished move.
+        """
+        finished: set[str] = set()
+        for action in actions:
+            if isinstance(action, SendPlan):
+                self.tasks.spawn(self._send_plan(action), f"kvsp-pc-plan {action.instance}")
+                continue
+            if isinstance(action, SendCommit):
+                map_id, outcome = action.commit.map, ReshardOutcome(action.commit.commit, "committed")
+            else:
+                map_id, outcome = action.abort.map, ReshardOutcome(action.abort.abort, "aborted")
+            if map_id not in finished:
+                finished.add(map_id)
+                self.map_outcomes[map_id] = outcome
+                self.metrics.reshards.labels(outcome.outcome).inc()
+            self.tasks.spawn(self._deliver_reshard(action), f"kvsp-pc-reshard {action.instance}")
+
+    async def _deliver_reshard(self, action: SendCommit | SendAbort) -> None:
+        message: ReshardMessage = action.commit if isinstance(action, SendCommit) else action.abort
+        for attempt in range(DELIVERY_ATTEMPTS):
+            if self.registry.state_of(action.instance) is InstanceState.FAILED:
+                return
+            try:
+                await self.instances.reshard(action.instance, message)
+                return
+            except KvspError as exc:
+                log.info("reshard %s to %s failed: %s", message.to_json(), action.instance, exc)
+            await asyncio.sleep(backoff_s(attempt))
+
+    # -- maintenance --------------------------------------------------------------------------------
+    def maintain(self, now: float) -> None:
+        """One round of clock-driven work: expiry, reshard deadlines, idle sessions, stranded retries."""
+        for failed in self.registry.expire(now):
+            self.instance_failed(failed, now)
+        self.carry_out_reshard(self.reshards.tick(now))
+        for session in self.sessions.expire(now):
+            self.meta.pop(session, None)
+        if now - self._last_stranded_retry >= STRANDED_RETRY_S:
+            self._last_stranded_retry = now
+            for action in self.sessions.retry_stranded(now, self.chooser(now)):
+                self._follow_later(action)
+
+    def _delay(self, now: float) -> float:
+        delay = self.settings.check_interval_s
+        for due in (self.registry.next_expiry(), self.reshards.next_deadline()):
+            if due is not None:
+                delay = min(delay, due - now)
+        return max(delay, MIN_LOOP_DELAY_S)
+
+    async def run(self) -> None:
+        """The maintenance loop; cancelled at shutdown."""
+        while True:
+            now = self.clock()
+            try:
+                self.maintain(now)
+            except Exception:  # one bad round must not end maintenance for the process lifetime
+                log.exception("PC maintenance failed")
+            await asyncio.sleep(self._delay(now))
