@@ -1,0 +1,149 @@
+"""Wiring of the instance role: what `setup` knows from the configuration, and what starts with the loop.
+
+`InstanceRole` is put under `control.instance.app.INSTANCE` at setup; its parts that need a running
+event loop (the HTTPS client session, the holder of this process, the session table, the background
+tasks) are made in `start`; `stop_work` ends the background work at shutdown, before the cleanup
+contexts of the process's roles run, and `close` releases the client session at cleanup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiohttp import web
+
+from control.config import RoleConfig
+from control.holder.app import HOLDER
+from control.instance.blocks import HolderBlocks, LocalBlocks, MemoryBlocks, Replicator, Tiers
+from control.instance.core import PrefetchTracker
+from control.instance.engines import EngineFactory, RateMeter, engine_factory
+from control.instance.loading import ContextLoader
+from control.instance.metrics import InstanceMetrics
+from control.instance.pc_client import PcClient
+from control.instance.prefetching import PrefetchRunner
+from control.instance.resharding import ShardHost
+from control.instance.service import Instance
+from control.instance.sessions import SessionDeps
+from control.instance.settings import InstanceSettings
+from control.serve import Clock
+from control.tls import client_context
+from kvsp.client.fetch import BlockFetcher, ClientStats, FetchOptions
+from kvsp.client.holder import HolderClient
+from kvsp.client.http import KvspSession
+from kvsp.client.index import IndexClient
+from kvsp.container import Geometry
+
+log = logging.getLogger("kvsp.instance")
+
+
+class NotStarted(RuntimeError):
+    """A part that exists only while the application runs was used before startup."""
+
+
+class InstanceRole:
+    """Everything of the instance role in one process."""
+
+    def __init__(self, config: RoleConfig, settings: InstanceSettings, metrics: InstanceMetrics,
+                 clock: Clock) -> None:
+        self.config = config
+        self.settings = settings
+        self.metrics = metrics
+        self.clock = clock
+        descriptor = settings.descriptor
+        self.engines: EngineFactory
+        self.engines, _ = engine_factory(settings.engine, descriptor, vocab_size=settings.limits.vocab_size)
+        self.geometry = Geometry.for_dtype(descriptor.kv_heads, descriptor.head_dim, descriptor.kv_dtype,
+                                           descriptor.layers)
+        self.tracker = PrefetchTracker(config.policy.pc or "", compat_id=descriptor.compat_id,
+                                       max_pending=config.policy.quotas.pending_directives_per_instance)
+        self.shards = ShardHost(config.server.base_uri, self.geometry, self._session, clock, metrics,
+                                max_maps=settings.limits.max_maps)
+        self.stats = ClientStats()
+        self._http: KvspSession | None = None
+        self._instance: Instance | None = None
+        self._prefetch: PrefetchRunner | None = None
+        self._replicator: Replicator | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- parts that exist while running ----------------------------------------------------------
+    def _session(self) -> KvspSession:
+        if self._http is None:
+            raise NotStarted("the instance role has not started")
+        return self._http
+
+    @property
+    def instance(self) -> Instance:
+        if self._instance is None:
+            raise NotStarted("the instance role has not started")
+        return self._instance
+
+    @property
+    def prefetch(self) -> PrefetchRunner:
+        if self._prefetch is None:
+            raise NotStarted("the instance role has not started")
+        return self._prefetch
+
+    @property
+    def replicator(self) -> Replicator:
+        if self._replicator is None:
+            raise NotStarted("the instance role has not started")
+        return self._replicator
+
+    def fetcher(self, lease_ms: int | None, deadline_s: float | None) -> BlockFetcher:
+        session = self._session()
+        return BlockFetcher(session, IndexClient(session, self.settings.index), holder=HolderClient(session),
+                            options=FetchOptions(lease_ms=lease_ms, deadline_s=deadline_s, geometry=self.geometry),
+                            stats=self.stats)
+
+    def _local_blocks(self, app: web.Application) -> LocalBlocks:
+        holder = app.get(HOLDER)
+        if holder is None:
+            log.warning("no holder role in this process: loaded and generated blocks are cached, not published")
+            return MemoryBlocks(self.settings.limits.memory_blocks_octets, self.geometry)
+        if self.settings.descriptor.compat_id not in holder.settings.descriptors:
+            log.warning("[holder] descriptors lack this instance's model: peers cannot PUT its blocks here")
+        return HolderBlocks(holder, self.geometry)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def start(self, app: web.Application) -> None:
+        settings, limits = self.settings, self.settings.limits
+        tls = self.config.tls
+        self._http = session = KvspSession(client_context(tls) if tls is not None else None)
+        self._replicator = Replicator(HolderClient(session), settings.replicate_to, self.metrics)
+        tiers = Tiers(self._local_blocks(app), self._replicator, self.metrics)
+        block_tokens = settings.descriptor.block_tokens
+        deps = SessionDeps(
+            loader=ContextLoader(settings.descriptor.compat_id, block_tokens, tiers, self.fetcher, self.metrics),
+            tiers=tiers, pc=PcClient(session, settings.pc, self.config.server.base_uri,
+                                     timeout_s=limits.pc_timeout_ms / 1000),
+            batch=asyncio.Semaphore(limits.batch_size), prefill=RateMeter(), decode=RateMeter(),
+            metrics=self.metrics, limits=limits, geometry=self.geometry, block_tokens=block_tokens)
+        self._instance = Instance(settings, self.config.server.base_uri, self.engines, deps, self.clock)
+        self._prefetch = PrefetchRunner(self.tracker, tiers, index=lambda: IndexClient(session, settings.index),
+                                        fetchers=self.fetcher, clock=self.clock, metrics=self.metrics,
+                                        concurrency=limits.prefetch_concurrency, block_tokens=block_tokens)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._instance.status_loop()))
+
+    async def stop_work(self) -> None:
+        """Stop every background task and session (on shutdown, before any role's cleanup: the holder of
+        this process must not get blocks placed while it withdraws its replicas and closes)."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._prefetch is not None:
+            await self._prefetch.close()
+        if self._instance is not None:
+            await self._instance.close()
+        await self.shards.close()
+        if self._replicator is not None:
+            await self._replicator.close()
+
+    async def close(self) -> None:
+        await self.stop_work()
+        if self._http is not None:
+            await self._http.close()

@@ -1,0 +1,186 @@
+"""The ``[instance]`` table of a role configuration, validated once into a frozen record.
+
+    [instance]
+    pc = "https://127.0.0.1:7401/pc/"        # the PC: status, checkpoints (required)
+    index = "https://127.0.0.1:7401/pc/"     # the IS: lookups before loading (required)
+    engine = "test"                          # DeterministicTestEngine
+    vocab_size = 32000                       # the test engine's vocabulary
+    descriptors = ["model.json"]             # the one model served; absent: [holder] descriptors
+    scope_keys = { "6d1c..." = "scope.key" } # Scope ID -> file with the hex Scope Key (>= 32 octets)
+    status_ttl_ms = 3000                     # ttl_ms of status records, sent every ttl/3
+    max_sessions = 64                        # admitted sessions (running + queued) at most
+    batch_size = 8                           # sessions generating at once; the rest queue
+    max_tokens_limit = 65536                 # the largest max_tokens accepted
+    default_resume_max_tokens = 4096         # budget of a resume body without "max_tokens"
+    release_batch = 1                        # non-deterministic sampler: tokens per checkpoint
+    checkpoint_every = 64                    # at least every this many output tokens
+    max_unreleased = 256                     # generation waits when this many tokens await an ack
+    kv_capacity_tokens = 1048576             # for kv_utilization
+    pc_timeout_ms = 5000                     # one status or checkpoint PUT
+    load_timeout_ms = 10000                  # loading cached blocks for start / resume
+    final_ack_timeout_ms = 30000             # waiting for the last checkpoint's ack
+    finished_retention_ms = 300000           # a finished session's tokens stay readable this long
+    prefetch_concurrency = 4                 # blocks loaded at once per directive
+    replicate_to = []                        # holders that also get every placed block (survival)
+    peers = []                               # identities that may GET shards/{map} ("*": any)
+    memory_blocks_octets = 268435456         # block cache when no holder role runs in the process
+    idle_for_s = 300.0                       # idle this long before asking to sleep
+    max_maps = 64                            # shard maps held at once
+
+Unknown keys are refused, like the holder's, so a misspelt key fails at startup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Final
+
+from control.config import RoleConfig
+from control.policy import ANY
+from kvsp._reader import ObjectReader
+from kvsp.descriptor import CompatDescriptor
+from kvsp.encoding import parse_hex
+from kvsp.errors import ValidationError
+from kvsp.keys import ScopeKey
+from kvsp.records._common import MAX_SAFE_INT, check_uri
+
+ENGINES: Final = frozenset({"test"})
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The integer settings, with their defaults (minimums in `_MINIMUM`)."""
+
+    vocab_size: int = 32_000
+    status_ttl_ms: int = 3_000
+    max_sessions: int = 64
+    batch_size: int = 8
+    max_tokens_limit: int = 65_536
+    default_resume_max_tokens: int = 4_096
+    release_batch: int = 1
+    checkpoint_every: int = 64
+    max_unreleased: int = 256
+    kv_capacity_tokens: int = 1 << 20
+    pc_timeout_ms: int = 5_000
+    load_timeout_ms: int = 10_000
+    final_ack_timeout_ms: int = 30_000
+    finished_retention_ms: int = 300_000
+    prefetch_concurrency: int = 4
+    memory_blocks_octets: int = 256 << 20
+    max_maps: int = 64
+
+
+_MINIMUM: Final[Mapping[str, int]] = {"vocab_size": 2, "status_ttl_ms": 3, "finished_retention_ms": 0,
+                                      "memory_blocks_octets": 0}
+_INTS: Final = tuple(f.name for f in fields(Limits))
+KNOWN_KEYS: Final = frozenset({"pc", "index", "engine", "descriptors", "scope_keys", "replicate_to", "peers",
+                               "idle_for_s", *_INTS})
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSettings:
+    """Everything the instance reads from ``[instance]`` (see the module docstring for defaults)."""
+
+    pc: str
+    index: str
+    descriptor: CompatDescriptor
+    scope_keys: Mapping[bytes, ScopeKey]
+    engine: str = "test"
+    replicate_to: tuple[str, ...] = ()
+    peers: frozenset[str] = frozenset()
+    idle_for_s: float = 300.0
+    limits: Limits = Limits()
+
+    def may_read_shards(self, identity: str) -> bool:
+        return identity in self.peers or ANY in self.peers
+
+    @classmethod
+    def from_config(cls, config: RoleConfig) -> InstanceSettings:
+        """Validate ``config.section("instance")``; errors name the member as ``instance.<key>``."""
+        section = dict(config.section("instance"))
+        for name in section:
+            if name not in KNOWN_KEYS:
+                raise ValidationError(f"instance.{name}", f"unknown key; known: {sorted(KNOWN_KEYS)}")
+        r = ObjectReader(section, "instance")
+        defaults = Limits()
+        ints = {name: _int(r, name, getattr(defaults, name), _MINIMUM.get(name, 1)) for name in _INTS}
+        engine = r.optional("engine", lambda n: r.choice(n, ENGINES)) or "test"
+        idle = r.optional("idle_for_s", lambda n: r.number(n, minimum=0.0, maximum=1e9))
+        return cls(
+            pc=check_uri(r.raw("pc"), r.member("pc")),
+            index=check_uri(r.raw("index"), r.member("index")),
+            descriptor=_descriptor(r, config),
+            scope_keys=_scope_keys(r, config),
+            engine=engine,
+            replicate_to=_uris(r, "replicate_to"),
+            peers=frozenset(_identities(r, "peers")),
+            idle_for_s=300.0 if idle is None else idle,
+            limits=Limits(**ints),
+        )
+
+
+def _int(r: ObjectReader, name: str, default: int, minimum: int) -> int:
+    value = r.optional(name, lambda n: r.int(n, minimum=minimum, maximum=MAX_SAFE_INT))
+    return default if value is None else value
+
+
+def _uris(r: ObjectReader, name: str) -> tuple[str, ...]:
+    if not r.has(name):
+        return ()
+    return tuple(check_uri(v, p) for p, v in r.items(name, max_items=64))
+
+
+def _identities(r: ObjectReader, name: str) -> tuple[str, ...]:
+    if not r.has(name):
+        return ()
+    return tuple(v if v == ANY else check_uri(v, p) for p, v in r.items(name, max_items=4096))
+
+
+def _read_descriptor(member: str, path_text: object, config: RoleConfig) -> CompatDescriptor:
+    if not isinstance(path_text, str):
+        raise ValidationError(member, "must be a descriptor file path")
+    path = config.path(path_text)
+    try:
+        return CompatDescriptor.from_bytes(path.read_bytes())
+    except OSError as exc:
+        raise ValidationError(member, f"cannot read {path}: {exc.strerror}") from exc
+
+
+def _descriptor(r: ObjectReader, config: RoleConfig) -> CompatDescriptor:
+    """The one model this instance serves: ``[instance] descriptors``, else the holder's list."""
+    if r.has("descriptors"):
+        items = list(r.items("descriptors", max_items=1, nonempty=True))
+    else:
+        holder = ObjectReader(dict(config.section("holder")), "holder")
+        if not holder.has("descriptors"):
+            raise ValidationError("instance.descriptors", "is required (or [holder] descriptors with one entry)")
+        items = list(holder.items("descriptors", max_items=1024, nonempty=True))
+        if len(items) != 1:
+            raise ValidationError("instance.descriptors", "is required when [holder] lists several models")
+    member, value = items[0]
+    return _read_descriptor(member, value, config)
+
+
+def _scope_keys(r: ObjectReader, config: RoleConfig) -> dict[bytes, ScopeKey]:
+    """Scope ID -> Scope Key, each read from its file (hex) and checked against its ID."""
+    if not r.has("scope_keys"):
+        return {}
+    table = r.raw("scope_keys")
+    if not isinstance(table, dict):
+        raise ValidationError(r.member("scope_keys"), "must be a table of scope_id = key file")
+    out: dict[bytes, ScopeKey] = {}
+    for sid_hex, file in table.items():
+        member = f"{r.member('scope_keys')}.{sid_hex}"
+        sid = parse_hex(sid_hex, 16, member)
+        if not isinstance(file, str):
+            raise ValidationError(member, "must be a key file path")
+        path = config.path(file)
+        try:
+            key = ScopeKey.from_hex(path.read_text().strip())
+        except OSError as exc:
+            raise ValidationError(member, f"cannot read {path}: {exc.strerror}") from exc
+        if key.scope_id != sid:
+            raise ValidationError(member, "the key in the file belongs to another scope")
+        out[sid] = key
+    return out
