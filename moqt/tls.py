@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, TypeAlias
 
+from aioquic.buffer import Buffer  # type: ignore[attr-defined]  # re-exported by aioquic.buffer without __all__
 from aioquic.quic.connection import QuicConnection
+from aioquic.quic.packet import pull_quic_transport_parameters
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
@@ -279,6 +281,15 @@ class HookedQuicConnection(QuicConnection):
             if not hasattr(self.tls, "_request_client_certificate"):
                 raise RuntimeError("this aioquic cannot request client certificates; kvsp needs 1.7.x")
             self.tls._request_client_certificate = True
+
+    def _parse_transport_parameters(self, data: bytes, from_session_ticket: bool = False) -> None:
+        # aioquic validates the peer's max_udp_payload_size but never sends smaller packets for it:
+        # a peer advertising 1440 (picoquic, so aiomoqt) silently drops our 16000-octet loopback
+        # packets after the handshake.  Honour the limit (RFC 9000 section 18.2).
+        super()._parse_transport_parameters(data, from_session_ticket)
+        limit = pull_quic_transport_parameters(Buffer(data=data)).max_udp_payload_size
+        if limit is not None and limit < self._max_datagram_size:
+            self._max_datagram_size = limit
 
     def send_stream_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
         super().send_stream_data(stream_id, data, end_stream)
