@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-SUITES = ["bench_keys", "bench_container", "bench_index", "bench_holder", "bench_client", "bench_placement", "bench_quic"]
+SUITES = ["bench_keys", "bench_container", "bench_index", "bench_holder", "bench_client", "bench_placement",
+          "bench_quic"]
 
 
 def main(argv: list[str] | None = None) -> int:

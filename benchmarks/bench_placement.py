@@ -8,8 +8,11 @@ prefill it saves.  Pure core, no HTTP: the inputs are what the PC has after its 
 * prompt: 4, 64, 512 blocks of B = 16 tokens (plus a tail of 8), every block matched at the IS with
   2 replicas at random holders, 2 MiB each, half in device and half in host memory, some with the
   host half in local storage read at 20 Gbit/s;
-* case value: one decision (all candidates' fetch plans, costs, the choice and its directive);
+* case value: one decision (the candidates' costs, the choice and its directive);
   baseline: the choice a PC without lookup makes, min over instances of wait + recompute of the prompt.
+
+* uniform cases: the same, but every instance idle with one prefill rate, so that no candidate can be
+  skipped on its wait and tail recompute alone (the Placer's lower bound): every fetch plan is priced.
 
 The ratio shows what the cache-aware decision costs over the cheapest possible one; each row also
 gives ``us_per_decision``.  Goal: < 1 ms per decision at 100 instances x 64 blocks (a 1k-token prompt
@@ -41,13 +44,15 @@ MEAN_SERVICE_US = 2_000.0
 GOAL = "< 1 ms per decision at 100 instances x 64 blocks"
 
 
-def make_statuses(n: int, rng: random.Random) -> list[InstanceStatus]:
+def make_statuses(n: int, rng: random.Random, *, uniform: bool = False) -> list[InstanceStatus]:
     out = []
     for i in range(n):
         links = tuple(Link(h, rng.uniform(10_000, 400_000), rng.randrange(5, 200)) for h in HOLDERS)
-        out.append(InstanceStatus(f"https://ii{i}.example/kvsp/", 1, InstanceState.ACTIVE, rng.randrange(32),
-                                  rng.randrange(9), 32, rng.random(), rng.uniform(5_000, 60_000), 3_000.0, links,
-                                  3_000))
+        running, queued, kv, prefill = rng.randrange(32), rng.randrange(9), rng.random(), rng.uniform(5_000, 60_000)
+        if uniform:
+            queued, prefill = 0, 30_000.0
+        out.append(InstanceStatus(f"https://ii{i}.example/kvsp/", 1, InstanceState.ACTIVE, running, queued, 32, kv,
+                                  prefill, 3_000.0, links, 3_000))
     return out
 
 
@@ -76,7 +81,7 @@ def _us(sample: Sample) -> float:
 
 
 def measure_case(placer: Placer, statuses: list[InstanceStatus], blocks: int, rng: random.Random,
-                 quick: bool) -> dict[str, object]:
+                 quick: bool, label: str = "instances") -> dict[str, object]:
     lookup = make_lookup(blocks, rng)
     tokens = blocks * B + 8
     request = PlacementRequest(SCOPE, COMPAT, tokens, request_ref="r")
@@ -88,7 +93,7 @@ def measure_case(placer: Placer, statuses: list[InstanceStatus], blocks: int, rn
     ours = measure(lambda: placer.place(request, lookup, statuses), reps=reps, warmup=1, inner=max(1, 5_000 // work))
     base = measure(lambda: recompute_only(statuses, tokens), reps=reps, warmup=1,
                    inner=max(1, 200_000 // len(statuses)))
-    row = case(f"place_{len(statuses)}_instances_{blocks}_blocks", ours, base, GOAL)
+    row = case(f"place_{len(statuses)}_{label}_{blocks}_blocks", ours, base, GOAL)
     row.update(us_per_decision=_us(ours), baseline_us=_us(base), uses_cache=decision.prefetch is not None)
     return row
 
@@ -102,6 +107,8 @@ def run(quick: bool = False) -> dict[str, object]:
         statuses = make_statuses(n, rng)
         for blocks in [4, 64] if quick else [4, 64, 512]:
             cases.append(measure_case(placer, statuses, blocks, rng, quick))
+    for n in [100] if quick else [100, 1000]:
+        cases.append(measure_case(placer, make_statuses(n, rng, uniform=True), 64, rng, quick, "uniform_instances"))
     return {"name": "placement", "params": {"block_tokens": B, "layers": LAYERS, "replicas_per_block": 2,
                                             "links_per_instance": len(HOLDERS)}, "cases": cases}
 

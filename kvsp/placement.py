@@ -25,13 +25,34 @@ Choices the spec leaves open, made here:
   ``layers`` (the model's layer count) is given, replicas that do not hold all layers are skipped.
 - **Infinity.**  A prefill rate of 0 makes recomputing any token infinitely slow; `choose_instance`
   never picks an instance with infinite cost, nor one that is not active (section 6.3).
+
+Computation (the results above do not depend on it):
+
+- `PreparedBlocks` derives what the model needs of the replicas once per request: per block the
+  holders and the replicas that hold every layer, and per distinct residency layout and volume a
+  `ReplicaProfile` (whether it holds every layer; per residency entry the bits it carries and the read
+  rate that caps them).  Pricing an instance is then a few look-ups per replica, and each transfer time
+  is computed once per (profile, holder) and instance.  The PC prices every candidate against one
+  `PreparedBlocks`; the functions below build one per call.
+- The fast greedy path is exact when rates are positive and RTTs and bit counts finite and
+  non-negative, as a parsed record guarantees (the profiles and `InstanceStatus.link_index` say so:
+  ``sound``): finish times then only grow and are never NaN, so a running maximum equals
+  ``max(loads)`` and the ranks can be compared field by field.
+  Anything else takes the plain path, the greedy above written out literally, so the results are the
+  same, bit for bit, either way.
+- Lower bounds, for callers that look for the cheapest instance (the PC's Placer):
+  `PreparedBlocks.floor_us` is ``wait_us(i) + recompute of the tokens after the last matched block``,
+  valid because fetch_us >= 0 and recompute grows with the tokens, so an instance whose bound already
+  loses need not be priced; `PreparedBlocks.estimate_within` stops a plan as soon as its fetch time so
+  far shows that the cost exceeds a given limit.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final, NamedTuple
 
 from kvsp.records.lookup import TargetEstimate
 from kvsp.records.replica import ReplicaRecord
@@ -111,6 +132,273 @@ def transfer_us(record: ReplicaRecord, link: Link, volume: int) -> float:
     return total
 
 
+Shares = tuple[tuple[float, float | None], ...]
+
+
+class ReplicaProfile(NamedTuple):
+    """What the cost model needs of a replica's residency for one volume, derived once per request.
+
+    Replicas with equal residency (tier, layers, read rate per entry) and volume share one profile.
+    ``shares`` has one ``(bits, read_mbit_per_s)`` pair per residency entry, so that over a link of
+    rate R the replica takes ``sum(bits / min(R, read))`` microseconds (summed from 0.0 in entry order),
+    ``read`` None meaning R: the very terms of `transfer_us`, with ``bits = 8 * volume * layer_count / held``
+    (one pair ``(8 * volume, None)`` when no layer is stated).
+    ``sound``: every bit count is finite and >= 0 and every read rate is > 0, so no transfer time is
+    negative or NaN (always so for a parsed record).  A replica that does not hold every layer is
+    never a source and has no shares.
+    """
+
+    complete: bool  # holds layers 0..layers-1 (True when the model's layer count is not given)
+    shares: Shares
+    sound: bool
+
+    @classmethod
+    def of(cls, record: ReplicaRecord, volume: int, layers: int | None) -> ReplicaProfile:
+        if layers is not None and not record.holds(0, layers - 1):
+            return cls(False, (), True)
+        held = record.layer_count()
+        if held == 0:  # the plain-link-rate case of `transfer_us`
+            shares: Shares = ((float(8 * volume), None),)
+        else:
+            shares = tuple([(8 * volume * entry.layer_count / held,
+                             entry.read_mbit_per_s if entry.read_mbit_per_s is not None and entry.is_storage else None)
+                            for entry in record.residency])
+        sound = True
+        for bits, read in shares:
+            if not (0 <= bits < math.inf and (read is None or read > 0)):
+                sound = False
+        return cls(True, shares, sound)
+
+
+_UNKNOWN: Final = ReplicaProfile(True, (), False)  # not derivable: the plain path handles the record literally
+# A replica that can be a source: record, holder, holder number, (profile, holder) number, shares.
+_Source = tuple[ReplicaRecord, str, int, int, Shares]
+
+
+class _Block(NamedTuple):
+    key: bytes
+    holders: tuple[str, ...]  # every holder of the block, complete or not (for residency)
+    group: Sequence[ReplicaRecord]
+    sources: tuple[_Source, ...]  # the replicas that hold every layer, in the order given
+
+
+class PreparedBlocks:
+    """The matched blocks of one request, with each replica's facts derived once for every candidate.
+
+    ``plan``/``fetch_us``/``estimate``/``target_estimate`` give what the functions of the same names
+    give for the same arguments; `floor_us` bounds ``estimate(...).cost_us`` from below.
+    """
+
+    __slots__ = ("_blocks", "_holders", "block_bytes", "layers", "matched", "replicas", "sound")
+
+    def __init__(self, replicas_per_block: Blocks, *, block_bytes: int | None = None,
+                 layers: int | None = None) -> None:
+        self.replicas = replicas_per_block
+        self.matched = len(replicas_per_block)
+        self.block_bytes = block_bytes
+        self.layers = layers
+        memo: dict[object, tuple[ReplicaProfile, int]] = {}  # residency and volume -> profile and its number
+        holders: dict[str, int] = {}  # holder -> its number
+        stride = sum([len(group) for group in replicas_per_block]) + 1  # more than there can be holders
+        blocks: list[_Block] = []
+        sound = True
+        for group in replicas_per_block:
+            if not group:
+                break  # the plan ends here for every instance
+            sources: list[_Source] = []
+            for record in group:
+                profile, number = self._profile(record, memo)
+                if profile.complete:
+                    holder = record.holder
+                    h = holders.setdefault(holder, len(holders))
+                    # (profile, holder) numbers: a plan computes each transfer time once.
+                    sources.append((record, holder, h, number * stride + h, profile.shares))
+                    sound = sound and profile.sound
+            blocks.append(_Block(group[0].block_key, tuple([r.holder for r in group]), group, tuple(sources)))
+        self._blocks = tuple(blocks)
+        self._holders = len(holders)
+        self.sound = sound
+
+    def _profile(self, record: ReplicaRecord, memo: dict[object, tuple[ReplicaProfile, int]]
+                 ) -> tuple[ReplicaProfile, int]:
+        volume = record.size if self.block_bytes is None else self.block_bytes
+        try:
+            key = (tuple([(e.tier, e.layers, e.read_mbit_per_s) for e in record.residency]), volume)
+            found = memo.get(key)
+            if found is None:
+                found = memo[key] = (ReplicaProfile.of(record, volume, self.layers), len(memo))
+        except Exception:  # only a record built in code gets here (e.g. octets beyond a double)
+            return _UNKNOWN, -1
+        return found
+
+    def plan(self, status: InstanceStatus, resident: Collection[bytes] = ()) -> FetchPlan:
+        """`plan_fetch` for this instance."""
+        links = status.link_index()
+        if self.sound and links.sound:
+            plan = self._plan_fast(status.instance, links.by_holder, resident)
+            assert plan is not None  # no limit was given
+            return plan
+        return self._plan_plain(status, resident)
+
+    def _plan_fast(self, instance: str, links: Mapping[str, Link], resident: Collection[bytes],
+                   give_up: tuple[float, float, float, float] | None = None) -> FetchPlan | None:
+        """The greedy for ``sound`` records; None once ``give_up`` shows the cost to exceed its limit.
+
+        ``give_up`` is ``(wait, tail, everything, limit)``: the instance's wait, recompute of the
+        unmatched tail and of the whole prompt, and the cost to beat.
+        """
+        # Every finish time is >= 0 and not NaN here, and a holder's finish time only grows, so the
+        # running maximum ``current`` is max(loads.values(), default=0.0) and comparing the ranks
+        # field by field is comparing the tuples of `_plan_plain`.  ``current`` never exceeds the
+        # final fetch_us, and the residual recompute is at least ``tail``: the cost is at least
+        # wait + min(current + tail, everything) at every step.
+        wait, tail, everything, limit = (0.0, 0.0, math.inf, math.inf) if give_up is None else give_up
+        loads: list[float | None] = [None] * self._holders  # by holder number; None: sends nothing yet
+        transfers: dict[int, float] = {}  # by (profile, holder) number; -1.0: no link to the holder
+        current = 0.0
+        sources: list[ReplicaRecord | None] = []
+        for key, holders, _, block_sources in self._blocks:
+            if key in resident or instance in holders:
+                sources.append(None)
+                continue
+            best: ReplicaRecord | None = None
+            best_max = best_finish = 0.0
+            best_holder = ""
+            best_number = 0
+            for record, holder, number, pair, shares in block_sources:
+                transfer = transfers.get(pair)
+                if transfer is None:
+                    link = links.get(holder)
+                    if link is None:
+                        transfers[pair] = -1.0
+                        continue
+                    rate = link.mbit_per_s
+                    transfer = 0.0
+                    for bits, read in shares:
+                        transfer += bits / (read if read is not None and read < rate else rate)
+                    transfers[pair] = transfer
+                elif transfer < 0.0:
+                    continue
+                start = loads[number]
+                finish = (float(links[holder].rtt_us) if start is None else start) + transfer
+                top = finish if finish > current else current
+                if best is None or top < best_max or (top == best_max and (
+                        finish < best_finish or (finish == best_finish and holder < best_holder))):
+                    best, best_max, best_finish, best_holder, best_number = record, top, finish, holder, number
+            if best is None:
+                break
+            loads[best_number] = best_finish
+            if best_finish > current:
+                current = best_finish
+                least = current + tail
+                if wait + (everything if everything < least else least) > limit:
+                    return None
+            sources.append(best)
+        return FetchPlan(current, tuple(sources))
+
+    def _plan_plain(self, status: InstanceStatus, resident: Collection[bytes]) -> FetchPlan:
+        """The greedy of the module docstring, literally (for records that are not ``sound``)."""
+        layers, block_bytes = self.layers, self.block_bytes
+        loads: dict[str, float] = {}  # holder -> rtt + transfer time of what it sends
+        sources: list[ReplicaRecord | None] = []
+        for block in self._blocks:
+            group = block.group
+            if _is_resident(group, status, resident):
+                sources.append(None)
+                continue
+            current = max(loads.values(), default=0.0)
+            best: tuple[tuple[float, float, str], ReplicaRecord, float] | None = None
+            for record in group:
+                link = status.link_to(record.holder)
+                if link is None or (layers is not None and not record.holds(0, layers - 1)):
+                    continue
+                volume = record.size if block_bytes is None else block_bytes
+                finish = loads.get(record.holder, float(link.rtt_us)) + transfer_us(record, link, volume)
+                rank = (max(current, finish), finish, record.holder)
+                if best is None or rank < best[0]:
+                    best = (rank, record, finish)
+            if best is None:
+                break
+            _, record, finish = best
+            loads[record.holder] = finish
+            sources.append(record)
+        return FetchPlan(max(loads.values(), default=0.0), tuple(sources))
+
+    def fetch_us(self, status: InstanceStatus, resident: Collection[bytes] = ()) -> float:
+        """`fetch_us` for this instance."""
+        plan = self.plan(status, resident)
+        return plan.fetch_us if plan.loaded_blocks == self.matched else math.inf
+
+    def estimate(self, status: InstanceStatus, *, prompt_tokens: int, block_tokens: int, mean_service_us: float,
+                 resident: Collection[bytes] = ()) -> Estimate:
+        """`estimate` for this instance."""
+        _check_prompt(self.matched, prompt_tokens, block_tokens)
+        return self._estimate(status, self.plan(status, resident), prompt_tokens, block_tokens, mean_service_us)
+
+    def estimate_within(self, status: InstanceStatus, *, prompt_tokens: int, block_tokens: int,
+                        mean_service_us: float, limit_us: float, resident: Collection[bytes] = ()) -> Estimate | None:
+        """`estimate`, or None when the cost is certainly above ``limit_us``: the plan then stops early.
+
+        The plan stops once wait + min(fetch so far + recompute of the tail, recompute of all) exceeds
+        the limit, a lower bound of the cost for ``sound`` records (see `_plan_fast`).  A cost equal to
+        the limit is always returned.
+        """
+        _check_prompt(self.matched, prompt_tokens, block_tokens)
+        links = status.link_index()
+        if not (self.sound and links.sound):
+            return self.estimate(status, prompt_tokens=prompt_tokens, block_tokens=block_tokens,
+                                 mean_service_us=mean_service_us, resident=resident)
+        give_up = (wait_us(status, mean_service_us), recompute_us(status, prompt_tokens - self.matched * block_tokens),
+                   recompute_us(status, prompt_tokens), limit_us)
+        plan = self._plan_fast(status.instance, links.by_holder, resident, give_up)
+        if plan is None:
+            return None
+        return self._estimate(status, plan, prompt_tokens, block_tokens, mean_service_us)
+
+    @staticmethod
+    def _estimate(status: InstanceStatus, plan: FetchPlan, prompt_tokens: int, block_tokens: int,
+                  mean_service_us: float) -> Estimate:
+        residual = recompute_us(status, prompt_tokens - plan.loaded_blocks * block_tokens)
+        everything = recompute_us(status, prompt_tokens)
+        with_cache = plan.fetch_us + residual
+        wait = wait_us(status, mean_service_us)
+        return Estimate(
+            instance=status.instance, state=status.state, wait_us=wait, fetch_us=plan.fetch_us,
+            residual_us=residual, recompute_us=everything, cost_us=wait + min(with_cache, everything),
+            sources=plan.sources, uses_cache=plan.loaded_blocks > 0 and with_cache <= everything,
+        )
+
+    def floor_us(self, status: InstanceStatus, *, prompt_tokens: int, block_tokens: int,
+                 mean_service_us: float) -> float:
+        """A lower bound of ``estimate(...).cost_us`` whenever that cost is finite; -inf when none is known.
+
+        ``wait + recompute of the unmatched tail``: the fetch time is >= 0 (``sound`` records) and the
+        residual recompute covers at least the tail.  It performs every computation of `estimate` that
+        could raise for this instance, so skipping the instance cannot hide an error.
+        """
+        _check_prompt(self.matched, prompt_tokens, block_tokens)
+        tail = recompute_us(status, prompt_tokens - self.matched * block_tokens)
+        floor = wait_us(status, mean_service_us) + min(tail, recompute_us(status, prompt_tokens))
+        if math.isnan(floor) or not (self.sound and status.link_index().sound):
+            return -math.inf
+        return floor
+
+    def target_estimate(self, status: InstanceStatus, *, block_tokens: int,
+                        resident: Collection[bytes] = ()) -> TargetEstimate:
+        """`target_estimate` for this instance."""
+        fetch = self.fetch_us(status, resident)
+        recompute = recompute_us(status, self.matched * block_tokens)
+        return TargetEstimate(status.instance, fetch if math.isfinite(fetch) else None,
+                              recompute if math.isfinite(recompute) else None)
+
+
+def _check_prompt(matched: int, prompt_tokens: int, block_tokens: int) -> None:
+    if block_tokens <= 0:
+        raise ValueError("block_tokens must be positive")
+    if prompt_tokens < matched * block_tokens:
+        raise ValueError("prompt_tokens must cover every matched block")
+
+
 def _is_resident(group: Sequence[ReplicaRecord], status: InstanceStatus, resident: Collection[bytes]) -> bool:
     return group[0].block_key in resident or any(record.holder == status.instance for record in group)
 
@@ -118,58 +406,23 @@ def _is_resident(group: Sequence[ReplicaRecord], status: InstanceStatus, residen
 def plan_fetch(status: InstanceStatus, replicas_per_block: Blocks, *, resident: Collection[bytes] = (),
                block_bytes: int | None = None, layers: int | None = None) -> FetchPlan:
     """Greedy choice of a source per matched block (see the module docstring) and the resulting fetch_us."""
-    loads: dict[str, float] = {}  # holder -> rtt + transfer time of what it sends
-    sources: list[ReplicaRecord | None] = []
-    for group in replicas_per_block:
-        if not group:
-            break
-        if _is_resident(group, status, resident):
-            sources.append(None)
-            continue
-        current = max(loads.values(), default=0.0)
-        best: tuple[tuple[float, float, str], ReplicaRecord, float] | None = None
-        for record in group:
-            link = status.link_to(record.holder)
-            if link is None or (layers is not None and not record.holds(0, layers - 1)):
-                continue
-            volume = record.size if block_bytes is None else block_bytes
-            finish = loads.get(record.holder, float(link.rtt_us)) + transfer_us(record, link, volume)
-            rank = (max(current, finish), finish, record.holder)
-            if best is None or rank < best[0]:
-                best = (rank, record, finish)
-        if best is None:
-            break
-        _, record, finish = best
-        loads[record.holder] = finish
-        sources.append(record)
-    return FetchPlan(max(loads.values(), default=0.0), tuple(sources))
+    return PreparedBlocks(replicas_per_block, block_bytes=block_bytes, layers=layers).plan(status, resident)
 
 
 def fetch_us(status: InstanceStatus, replicas_per_block: Blocks, *, resident: Collection[bytes] = (),
              block_bytes: int | None = None, layers: int | None = None) -> float:
     """Time to make *all* matched blocks resident at the instance; infinite if one cannot be loaded."""
-    plan = plan_fetch(status, replicas_per_block, resident=resident, block_bytes=block_bytes, layers=layers)
-    return plan.fetch_us if plan.loaded_blocks == len(replicas_per_block) else math.inf
+    return PreparedBlocks(replicas_per_block, block_bytes=block_bytes, layers=layers).fetch_us(status, resident)
 
 
 def estimate(status: InstanceStatus, replicas_per_block: Blocks, *, prompt_tokens: int, block_tokens: int,
              mean_service_us: float, resident: Collection[bytes] = (), block_bytes: int | None = None,
              layers: int | None = None) -> Estimate:
     """cost(i) of section 6.4 for one candidate, with the parts it is made of."""
-    if block_tokens <= 0:
-        raise ValueError("block_tokens must be positive")
-    if prompt_tokens < len(replicas_per_block) * block_tokens:
-        raise ValueError("prompt_tokens must cover every matched block")
-    plan = plan_fetch(status, replicas_per_block, resident=resident, block_bytes=block_bytes, layers=layers)
-    residual = recompute_us(status, prompt_tokens - plan.loaded_blocks * block_tokens)
-    everything = recompute_us(status, prompt_tokens)
-    with_cache = plan.fetch_us + residual
-    wait = wait_us(status, mean_service_us)
-    return Estimate(
-        instance=status.instance, state=status.state, wait_us=wait, fetch_us=plan.fetch_us,
-        residual_us=residual, recompute_us=everything, cost_us=wait + min(with_cache, everything),
-        sources=plan.sources, uses_cache=plan.loaded_blocks > 0 and with_cache <= everything,
-    )
+    _check_prompt(len(replicas_per_block), prompt_tokens, block_tokens)
+    prepared = PreparedBlocks(replicas_per_block, block_bytes=block_bytes, layers=layers)
+    return prepared.estimate(status, prompt_tokens=prompt_tokens, block_tokens=block_tokens,
+                             mean_service_us=mean_service_us, resident=resident)
 
 
 def choose_instance(estimates: Iterable[Estimate]) -> Estimate | None:
@@ -189,7 +442,5 @@ def target_estimate(status: InstanceStatus, replicas_per_block: Blocks, *, block
 
     A value without a finite estimate becomes None (JSON null).
     """
-    fetch = fetch_us(status, replicas_per_block, resident=resident, block_bytes=block_bytes, layers=layers)
-    recompute = recompute_us(status, len(replicas_per_block) * block_tokens)
-    return TargetEstimate(status.instance, fetch if math.isfinite(fetch) else None,
-                          recompute if math.isfinite(recompute) else None)
+    prepared = PreparedBlocks(replicas_per_block, block_bytes=block_bytes, layers=layers)
+    return prepared.target_estimate(status, block_tokens=block_tokens, resident=resident)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+from collections.abc import Collection, Mapping, Sequence
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from control.pc.core import Assign, NoPlacement, Placement, PlacementRequest, Placer, PlacerConfig, Wake
 from kvsp.errors import ValidationError
 from kvsp.placement import (
     Estimate,
+    FetchPlan,
+    PreparedBlocks,
     choose_instance,
     estimate,
     fetch_us,
@@ -23,10 +28,14 @@ from kvsp.placement import (
 from kvsp.records import (
     InstanceStatus,
     Link,
+    LookupResponse,
+    PrefetchBlock,
+    PrefetchDirective,
     ReplicaRecord,
     Residency,
     ShardFetch,
     ShardMap,
+    TargetEstimate,
     parse_reshard_message,
     plan_reshard,
 )
@@ -190,6 +199,282 @@ def test_choice_is_the_cheapest_active(rows: list[tuple[InstanceState, float]]) 
     else:
         assert chosen is not None and chosen.state is InstanceState.ACTIVE
         assert chosen.cost_us == min(e.cost_us for e in finite_active)
+
+
+# -- against a straightforward reference ------------------------------------------------------
+# The cost model and the Placer as first written: every candidate priced in full, links found by a
+# scan, layer facts derived per use.  The optimised code must give exactly these results.
+def _ref_transfer_us(record: ReplicaRecord, link: Link, volume: int) -> float:
+    held = sum(entry.layer_count for entry in record.residency)
+    if held == 0:
+        return 8 * volume / link.mbit_per_s
+    total = 0.0
+    for entry in record.residency:
+        rate = link.mbit_per_s
+        if entry.is_storage and entry.read_mbit_per_s is not None:
+            rate = min(rate, entry.read_mbit_per_s)
+        total += 8 * volume * entry.layer_count / held / rate
+    return total
+
+
+def _ref_link(status: InstanceStatus, holder: str) -> Link | None:
+    for link in status.links:
+        if link.holder == holder:
+            return link
+    return None
+
+
+def _ref_holds_all(record: ReplicaRecord, layers: int) -> bool:
+    merged: list[tuple[int, int]] = []
+    for first, last in sorted(entry.layers for entry in record.residency):
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+        else:
+            merged.append((first, last))
+    return layers - 1 >= 0 and any(a <= 0 and layers - 1 <= b for a, b in merged)
+
+
+def _ref_plan(status: InstanceStatus, blocks: Sequence[Sequence[ReplicaRecord]], resident: Collection[bytes],
+              block_bytes: int | None, layers: int | None) -> FetchPlan:
+    loads: dict[str, float] = {}
+    sources: list[ReplicaRecord | None] = []
+    for group in blocks:
+        if not group:
+            break
+        if group[0].block_key in resident or any(r.holder == status.instance for r in group):
+            sources.append(None)
+            continue
+        current = max(loads.values(), default=0.0)
+        best: tuple[tuple[float, float, str], ReplicaRecord, float] | None = None
+        for record in group:
+            link = _ref_link(status, record.holder)
+            if link is None or (layers is not None and not _ref_holds_all(record, layers)):
+                continue
+            volume = record.size if block_bytes is None else block_bytes
+            finish = loads.get(record.holder, float(link.rtt_us)) + _ref_transfer_us(record, link, volume)
+            rank = (max(current, finish), finish, record.holder)
+            if best is None or rank < best[0]:
+                best = (rank, record, finish)
+        if best is None:
+            break
+        _, record, finish = best
+        loads[record.holder] = finish
+        sources.append(record)
+    return FetchPlan(max(loads.values(), default=0.0), tuple(sources))
+
+
+def _ref_estimate(status: InstanceStatus, blocks: Sequence[Sequence[ReplicaRecord]], prompt_tokens: int,
+                  block_tokens: int, mean_service_us: float, resident: Collection[bytes], block_bytes: int | None,
+                  layers: int | None) -> Estimate:
+    plan = _ref_plan(status, blocks, resident, block_bytes, layers)
+    residual = recompute_us(status, prompt_tokens - plan.loaded_blocks * block_tokens)
+    everything = recompute_us(status, prompt_tokens)
+    with_cache = plan.fetch_us + residual
+    wait = status.queued * mean_service_us
+    return Estimate(status.instance, status.state, wait, plan.fetch_us, residual, everything,
+                    wait + min(with_cache, everything), plan.sources,
+                    plan.loaded_blocks > 0 and with_cache <= everything)
+
+
+def _ref_place(cfg: PlacerConfig, ids: Sequence[str], request: PlacementRequest, lookup: LookupResponse,
+               active: Sequence[InstanceStatus], sleeping: Sequence[InstanceStatus],
+               resident: Mapping[str, Collection[bytes]], service_us: Mapping[str, float]) -> Placement:
+    new_id = iter(ids)
+
+    def candidate(status: InstanceStatus) -> tuple[Estimate, int]:
+        est = _ref_estimate(status, lookup.replicas, request.prompt_tokens, cfg.block_tokens,
+                            service_us.get(status.instance, cfg.mean_service_us), resident.get(status.instance, ()),
+                            cfg.block_bytes, cfg.layers)
+        target = next((t for t in lookup.targets if t.instance == status.instance), None)
+        if target is None or target.fetch_us is None:
+            return est, est.loaded_blocks
+        residual = recompute_us(status, request.prompt_tokens - lookup.matched * cfg.block_tokens)
+        with_cache = target.fetch_us + residual
+        uses_cache = lookup.matched > 0 and with_cache <= est.recompute_us
+        est = dataclasses.replace(est, fetch_us=target.fetch_us, residual_us=residual, uses_cache=uses_cache,
+                                  cost_us=est.wait_us + min(with_cache, est.recompute_us))
+        return est, lookup.matched if uses_cache else 0
+
+    def directive(c: tuple[Estimate, int]) -> PrefetchDirective | None:
+        est, load_blocks = c
+        blocks: list[PrefetchBlock] = []
+        for i in range(load_blocks):
+            chosen = est.sources[i] if i < len(est.sources) else None
+            if i < len(est.sources) and chosen is None:
+                continue
+            holders = [chosen.holder] if chosen is not None else []
+            holders.extend(r.holder for r in lookup.replicas[i])
+            sources = tuple([h for h in dict.fromkeys(holders) if h != est.instance][: cfg.max_sources])
+            if not sources:
+                break
+            blocks.append(PrefetchBlock(lookup.replicas[i][0].block_key, sources))
+        if not blocks:
+            return None
+        fetch_ms = est.fetch_us / 1000 if math.isfinite(est.fetch_us) else 0.0
+        deadline_ms = max(cfg.min_deadline_ms, math.ceil(fetch_ms * cfg.deadline_slack))
+        return PrefetchDirective(next(new_id), request.scope_id, request.compat_id, tuple(blocks), deadline_ms,
+                                 max(cfg.lease_ms, deadline_ms), request.request_ref)
+
+    def capacity(s: InstanceStatus) -> bool:
+        return (cfg.max_queued is None or s.queued <= cfg.max_queued) and s.kv_utilization <= cfg.max_kv_utilization
+
+    active_c = {c[0].instance: c for c in (candidate(s) for s in active
+                                            if s.state is InstanceState.ACTIVE and capacity(s))}
+    best = choose_instance(c[0] for c in active_c.values())
+    if best is not None and best.cost_us <= cfg.max_cost_us:
+        return Assign(best.instance, best.cost_us, directive(active_c[best.instance]))
+    finite = [c for c in (candidate(s) for s in sleeping if s.state is InstanceState.SLEEPING)
+              if math.isfinite(c[0].cost_us)]
+    wake = min(finite, key=lambda c: (c[0].cost_us, c[0].instance), default=None)
+    if wake is not None and (best is None or wake[0].cost_us < best.cost_us):
+        return Wake(wake[0].instance, wake[0].cost_us, directive(wake))
+    if best is not None:
+        return Assign(best.instance, best.cost_us, directive(active_c[best.instance]))
+    return NoPlacement("no active instance with capacity and no sleeping instance to wake")
+
+
+# Small pools, so that holders, rates and costs often tie and every tie-break is exercised.
+_HOLDERS = [H1, H2, H3, "https://h4.example/kvsp/"]
+_INSTANCES = [f"https://ii{i}.example/kvsp/" for i in range(5)]
+_residency = st.builds(Residency, st.sampled_from(list(Tier)),
+                       st.tuples(st.integers(0, 7), st.integers(0, 3)).map(lambda p: (p[0], min(7, p[0] + p[1]))),
+                       st.sampled_from([None, None, 500.0, 1000.0, 4000.0]))
+# Negative RTTs and zero-layer residency are not valid on the wire; they exercise the plain path.
+_rtt = st.sampled_from([0, 5, 10, 10, 40]) | st.sampled_from([-3000, -7, 0])
+_link = st.builds(Link, st.sampled_from(_HOLDERS + _INSTANCES[:1]), st.sampled_from([1000.0, 2000.0, 4000.0]), _rtt)
+
+
+@st.composite
+def _statuses(draw: st.DrawFn, sound: bool) -> InstanceStatus:
+    links = draw(st.lists(_link, max_size=5))  # repeated holders: the first link counts
+    if sound:
+        links = [dataclasses.replace(link, rtt_us=abs(link.rtt_us)) for link in links]
+    state = draw(st.sampled_from([InstanceState.ACTIVE] * 4 + [InstanceState.SLEEPING] * 2 + list(InstanceState)))
+    return InstanceStatus(draw(st.sampled_from(_INSTANCES)), 1, state, 0,
+                          draw(st.integers(0, 3)), 8, draw(st.sampled_from([0.0, 0.5, 0.5, 1.0])),
+                          draw(st.sampled_from([0.0, 1000.0, 4000.0, 1e6])), 1.0, tuple(links), 3000)
+
+
+@st.composite
+def _blocks(draw: st.DrawFn, sound: bool) -> list[tuple[ReplicaRecord, ...]]:
+    groups = []
+    for b in range(draw(st.integers(0, 6))):
+        group = []
+        for _ in range(draw(st.integers(0 if b else 1, 3))):
+            residency = draw(st.lists(_residency, min_size=1 if sound else 0, max_size=3))
+            holder = draw(st.sampled_from(_HOLDERS + _INSTANCES[:2]))
+            size = draw(st.sampled_from([0, 1000, 4096, 1 << 20]))
+            group.append(ReplicaRecord(KEYS[b], bytes(32), bytes(16), holder, 1, size, bytes(32), tuple(residency),
+                                       60000))
+        groups.append(tuple(group))
+    return groups
+
+
+@settings(max_examples=300)
+@given(st.booleans().flatmap(lambda sound: st.tuples(st.lists(_statuses(sound), min_size=1, max_size=4),
+                                                     _blocks(sound))),
+       st.sampled_from([None, 4, 8]), st.sampled_from([None, 2048]), st.integers(0, 20), st.sampled_from([1, 16]),
+       st.sets(st.sampled_from(KEYS[:6])))
+def test_cost_model_equals_the_reference(case: tuple[list[InstanceStatus], list[tuple[ReplicaRecord, ...]]],
+                                         layers: int | None, block_bytes: int | None, extra: int,
+                                         block_tokens: int, resident: set[bytes]) -> None:
+    statuses, blocks = case
+    prompt = len(blocks) * block_tokens + extra
+    prepared = PreparedBlocks(blocks, block_bytes=block_bytes, layers=layers)
+    for s in statuses:
+        ref = _ref_plan(s, blocks, resident, block_bytes, layers)
+        assert plan_fetch(s, blocks, resident=resident, block_bytes=block_bytes, layers=layers) == ref
+        assert prepared.plan(s, resident) == ref
+        loadable = ref.loaded_blocks == len(blocks)
+        assert fetch_us(s, blocks, resident=resident, block_bytes=block_bytes, layers=layers) == (
+            ref.fetch_us if loadable else math.inf)
+        est = estimate(s, blocks, prompt_tokens=prompt, block_tokens=block_tokens, mean_service_us=100.0,
+                       resident=resident, block_bytes=block_bytes, layers=layers)
+        assert est == _ref_estimate(s, blocks, prompt, block_tokens, 100.0, resident, block_bytes, layers)
+        floor = prepared.floor_us(s, prompt_tokens=prompt, block_tokens=block_tokens, mean_service_us=100.0)
+        assert not math.isfinite(est.cost_us) or floor <= est.cost_us
+        target = target_estimate(s, blocks, block_tokens=block_tokens, resident=resident, block_bytes=block_bytes,
+                                 layers=layers)
+        recompute = recompute_us(s, len(blocks) * block_tokens)
+        assert target == TargetEstimate(s.instance, ref.fetch_us if loadable and math.isfinite(ref.fetch_us) else None,
+                                        recompute if math.isfinite(recompute) else None)
+
+
+@settings(max_examples=300)
+@given(st.booleans().flatmap(lambda sound: st.tuples(st.lists(_statuses(sound), max_size=7),
+                                                     st.lists(_statuses(sound), max_size=3), _blocks(sound))),
+       st.sampled_from([None, 8]), st.sampled_from([None, 2048]), st.integers(0, 20),
+       st.lists(st.tuples(st.sampled_from(_INSTANCES), st.sampled_from([None, 0.0, 30.0, 1e4, -3000.0])), max_size=4),
+       st.dictionaries(st.sampled_from(_INSTANCES), st.sets(st.sampled_from(KEYS[:6])), max_size=3),
+       st.dictionaries(st.sampled_from(_INSTANCES), st.sampled_from([0.0, 50.0, 5000.0]), max_size=3),
+       st.sampled_from([math.inf, 3000.0]), st.sampled_from([None, 1]))
+def test_placer_equals_the_reference(case: tuple[list[InstanceStatus], list[InstanceStatus],
+                                                 list[tuple[ReplicaRecord, ...]]],
+                                     layers: int | None, block_bytes: int | None, extra: int,
+                                     targets: list[tuple[str, float | None]], resident: dict[str, set[bytes]],
+                                     service_us: dict[str, float], max_cost_us: float, max_queued: int | None) -> None:
+    active, sleeping, blocks = case
+    while blocks and not blocks[-1]:
+        blocks.pop()  # a lookup's groups are never empty; an empty one mid-way stays (code-built)
+    lookup = LookupResponse(tuple(blocks), tuple(TargetEstimate(i, f, None) for i, f in targets))
+    cfg = PlacerConfig(block_tokens=16, mean_service_us=100.0, max_cost_us=max_cost_us, max_queued=max_queued,
+                       max_kv_utilization=0.5, layers=layers, block_bytes=block_bytes)
+    request = PlacementRequest(bytes(16), bytes(32), len(blocks) * 16 + extra, "r")
+    ids = [f"00000000-0000-4000-8000-00000000000{i}" for i in range(10)]
+    it = iter(ids)
+    decision = Placer(cfg, new_id=lambda: next(it)).place(request, lookup, active, sleeping, resident=resident,
+                                                          service_us=service_us)
+    assert decision == _ref_place(cfg, ids, request, lookup, active, sleeping, resident, service_us)
+
+
+def test_placer_prunes_candidates_whose_wait_alone_loses(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 50 instances, queued 0..49 at 1 ms each: only the idle one can win, and few are priced.
+    blocks = [[replica(k, H1), replica(k, H2)] for k in KEYS[:4]]
+    active = [status(instance=f"https://ii{q}.example/kvsp/", queued=q) for q in range(50)]
+    lookup = LookupResponse(tuple(tuple(g) for g in blocks))
+    planned: list[str] = []
+    plan_fast = PreparedBlocks._plan_fast
+
+    def counting(self: PreparedBlocks, instance: str, *args: object) -> FetchPlan | None:
+        planned.append(instance)
+        return plan_fast(self, instance, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PreparedBlocks, "_plan_fast", counting)
+    cfg = PlacerConfig(block_tokens=16, mean_service_us=1000.0)
+    request = PlacementRequest(bytes(16), bytes(32), 4 * 16 + 8, "r")
+    decision = Placer(cfg, new_id=lambda: "id").place(request, lookup, active)
+    assert isinstance(decision, Assign) and decision.instance == "https://ii0.example/kvsp/"
+    assert 0 < len(planned) < 5
+    monkeypatch.undo()
+    assert decision == _ref_place(cfg, ["id"], request, lookup, active, (), {}, {})
+
+
+def test_placer_keeps_a_tie_found_late() -> None:
+    # ii3 is priced first (bound 0) at cost 100; ii1 (bound 60: 1 queued at 60 us) also costs 60 + 40 = 100
+    # and wins the tie on its URI, so its plan must not stop when its partial cost reaches the best one.
+    def idle(instance: str, queued: int, rtt: int) -> InstanceStatus:
+        return InstanceStatus(instance, 1, InstanceState.ACTIVE, 0, queued, 8, 0.5, 42000.0, 1.0,
+                              (Link(H1, 200000.0, rtt),), 3000)
+
+    a, b = idle(_INSTANCES[3], 0, 100), idle(_INSTANCES[1], 1, 40)
+    lookup = LookupResponse(((replica(KEYS[0], H1, size=0),),))
+    cfg = PlacerConfig(block_tokens=16, mean_service_us=100.0)
+    request = PlacementRequest(bytes(16), bytes(32), 16, "r")
+    service = {b.instance: 60.0}
+    decision = Placer(cfg, new_id=lambda: "id").place(request, lookup, [a, b], service_us=service)
+    assert decision == _ref_place(cfg, ["id"], request, lookup, [a, b], (), {}, service)
+    assert isinstance(decision, Assign) and decision.instance == b.instance and decision.cost_us == 100.0
+
+
+def test_placer_prices_a_candidate_without_a_bound() -> None:
+    # A negative fetch estimate (only in code: the parser refuses it) voids the bound wait + tail.
+    a, b = status(instance=_INSTANCES[1], queued=3), status(instance=_INSTANCES[2], queued=0)
+    lookup = LookupResponse(((replica(KEYS[0], H1),),), (TargetEstimate(a.instance, -3000.0, None),))
+    cfg = PlacerConfig(block_tokens=16, mean_service_us=100.0)
+    request = PlacementRequest(bytes(16), bytes(32), 16 + 5, "r")
+    decision = Placer(cfg, new_id=lambda: "id").place(request, lookup, [a, b])
+    assert decision == _ref_place(cfg, ["id"], request, lookup, [a, b], (), {}, {})
+    assert isinstance(decision, Assign) and decision.instance == a.instance
 
 
 # -- plan_reshard (section 6.9) ---------------------------------------------------------------

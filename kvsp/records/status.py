@@ -7,10 +7,17 @@ Rules enforced beyond the member types:
   divides by it); ``rtt_us`` is an integer, like every duration in the spec;
 - ``kv_utilization`` lies in [0, 1]; ``requested_state`` is null, absent or a registry state
   (the spec defines only "sleeping"; the PC decides what to do with the others).
+
+Placement looks links up by holder for every candidate replica, so `InstanceStatus.link_index` builds
+a holder -> link map on first use and keeps it in a bounded cache keyed by the identity of the record's
+``links`` tuple (held by the cache, so the identity cannot be reused while cached; records that share
+the tuple, like a `dataclasses.replace` copy with another state, share the map).  The record itself,
+its members, equality and JSON are untouched.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Self
 
@@ -28,6 +35,7 @@ from kvsp.records._common import (
 from kvsp.registry import INSTANCE_STATES, InstanceState
 
 MAX_LINKS: Final = 4096
+MAX_CACHED_LINK_INDEXES: Final = 4096  # link maps kept by `InstanceStatus.link_index`; then it starts over
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +53,32 @@ class Link(JsonRecord):
 
     def to_json(self) -> dict[str, object]:
         return {"holder": self.holder, "mbit_per_s": self.mbit_per_s, "rtt_us": self.rtt_us}
+
+
+@dataclass(frozen=True, slots=True)
+class LinkIndex:
+    """An instance's links by holder URI (see `InstanceStatus.link_index`).
+
+    ``by_holder`` keeps the first link reported for each holder, as `InstanceStatus.link_to` does.
+    ``sound`` says that every link has ``0 <= rtt_us <= MAX_SAFE_INT`` and ``mbit_per_s > 0``: always
+    true of a parsed record; a record built in code may break it, and placement then takes its plain path.
+    """
+
+    by_holder: Mapping[str, Link]
+    sound: bool
+
+    @classmethod
+    def of(cls, links: tuple[Link, ...]) -> LinkIndex:
+        by_holder: dict[str, Link] = {}
+        sound = True
+        for link in links:
+            by_holder.setdefault(link.holder, link)
+            if not (0 <= link.rtt_us <= MAX_SAFE_INT and link.mbit_per_s > 0):
+                sound = False
+        return cls(by_holder, sound)
+
+
+_link_indexes: dict[int, tuple[tuple[Link, ...], LinkIndex]] = {}  # id(links) -> (links, index)
 
 
 def _read_state(r: ObjectReader, name: str) -> InstanceState:
@@ -75,10 +109,21 @@ class InstanceStatus(JsonRecord):
 
     def link_to(self, holder: str) -> Link | None:
         """The link to ``holder`` (compared as written), or None when the instance reports none."""
-        for link in self.links:
-            if link.holder == holder:
-                return link
-        return None
+        return self.link_index().by_holder.get(holder)
+
+    def link_index(self) -> LinkIndex:
+        """The links by holder URI, built on the first call for this ``links`` tuple and then cached."""
+        links = self.links
+        cached = _link_indexes.get(id(links))
+        if cached is not None and cached[0] is links:
+            return cached[1]
+        index = LinkIndex.of(links)
+        if type(links) is not tuple:  # a mutable sequence built in code: its contents may change
+            return index
+        if len(_link_indexes) >= MAX_CACHED_LINK_INDEXES:
+            _link_indexes.clear()
+        _link_indexes[id(links)] = (links, index)
+        return index
 
     @classmethod
     def from_reader(cls, r: ObjectReader) -> Self:

@@ -20,6 +20,12 @@ Choices the spec leaves to the PC, made here:
 - deadline_ms is the estimated fetch time times ``deadline_slack``, at least ``min_deadline_ms``;
   lease_ms is at least the deadline, so a lease cannot run out while the block is still being loaded.
 - A sleeping instance is woken only when it is cheaper than the best active one, or there is none.
+
+Cost: the replicas' facts are derived once per request (`kvsp.placement.PreparedBlocks`) and the
+candidates are priced in the order of a lower bound of their cost (`PreparedBlocks.floor_us`); once the
+bound of the next one loses to the best cost found, no later one can win, so they are not priced.  The
+decision is the one pricing every candidate would give (cheapest finite cost, ties by instance URI and,
+among sleeping records of one URI, the first; of active records of one URI the last counts).
 """
 
 from __future__ import annotations
@@ -31,8 +37,15 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from control.pc.core.events import Assign, NoPlacement, Placement, Wake
-from kvsp.placement import Estimate, choose_instance, estimate, recompute_us
-from kvsp.records import InstanceStatus, LookupResponse, PrefetchBlock, PrefetchDirective, ReplicaRecord
+from kvsp.placement import Estimate, PreparedBlocks, recompute_us, wait_us
+from kvsp.records import (
+    InstanceStatus,
+    LookupResponse,
+    PrefetchBlock,
+    PrefetchDirective,
+    ReplicaRecord,
+    TargetEstimate,
+)
 from kvsp.registry import InstanceState
 
 
@@ -87,48 +100,27 @@ class Placer:
               service_us: Mapping[str, float] | None = None) -> Placement:
         """``active``/``sleeping`` come from `InstanceRegistry.eligible` and `.sleeping`; records in any
         other state are ignored, so a non-active instance never gets work or a directive."""
-        resident = resident or {}
-        service_us = service_us or {}
-        active_c = {c.estimate.instance: c for c in (
-            self._candidate(request, lookup, s, resident.get(s.instance, ()), service_us)
-            for s in active if s.state is InstanceState.ACTIVE and self._has_capacity(s))}
-        best = choose_instance(c.estimate for c in active_c.values())
-        if best is not None and best.cost_us <= self._config.max_cost_us:
-            return Assign(best.instance, best.cost_us, self._directive(request, lookup, active_c[best.instance]))
-        wake = self._best_sleeping(request, lookup, sleeping, resident, service_us)
-        if wake is not None and (best is None or wake.estimate.cost_us < best.cost_us):
+        pricing = _Pricing(self._config, request, lookup, resident or {}, service_us or {})
+        by_uri: dict[str, InstanceStatus] = {}  # one record per URI, the last one given
+        for s in active:
+            if s.state is InstanceState.ACTIVE and self._has_capacity(s):
+                shadowed = by_uri.get(s.instance)
+                if shadowed is not None:
+                    pricing.candidate(shadowed)  # priced and dropped, as a dict of candidates would do
+                by_uri[s.instance] = s
+        best = pricing.cheapest(list(by_uri.values()))
+        if best is not None and best.estimate.cost_us <= self._config.max_cost_us:
+            return Assign(best.estimate.instance, best.estimate.cost_us, self._directive(request, lookup, best))
+        wake = pricing.cheapest([s for s in sleeping if s.state is InstanceState.SLEEPING])
+        if wake is not None and (best is None or wake.estimate.cost_us < best.estimate.cost_us):
             return Wake(wake.estimate.instance, wake.estimate.cost_us, self._directive(request, lookup, wake))
         if best is not None:
-            return Assign(best.instance, best.cost_us, self._directive(request, lookup, active_c[best.instance]))
+            return Assign(best.estimate.instance, best.estimate.cost_us, self._directive(request, lookup, best))
         return NoPlacement("no active instance with capacity and no sleeping instance to wake")
 
     def _has_capacity(self, status: InstanceStatus) -> bool:
         limit = self._config.max_queued
         return (limit is None or status.queued <= limit) and status.kv_utilization <= self._config.max_kv_utilization
-
-    def _best_sleeping(self, request: PlacementRequest, lookup: LookupResponse, sleeping: Sequence[InstanceStatus],
-                       resident: Mapping[str, Collection[bytes]], service_us: Mapping[str, float]) -> _Candidate | None:
-        candidates = [self._candidate(request, lookup, s, resident.get(s.instance, ()), service_us)
-                      for s in sleeping if s.state is InstanceState.SLEEPING]
-        finite = [c for c in candidates if math.isfinite(c.estimate.cost_us)]
-        return min(finite, key=lambda c: (c.estimate.cost_us, c.estimate.instance), default=None)
-
-    def _candidate(self, request: PlacementRequest, lookup: LookupResponse, status: InstanceStatus,
-                   resident: Collection[bytes], service_us: Mapping[str, float]) -> _Candidate:
-        cfg = self._config
-        est = estimate(status, lookup.replicas, prompt_tokens=request.prompt_tokens, block_tokens=cfg.block_tokens,
-                       mean_service_us=service_us.get(status.instance, cfg.mean_service_us), resident=resident,
-                       block_bytes=cfg.block_bytes, layers=cfg.layers)
-        target = next((t for t in lookup.targets if t.instance == status.instance), None)
-        if target is None or target.fetch_us is None:
-            return _Candidate(est, est.loaded_blocks)
-        # The IS's estimate covers all matched blocks (section 6.2); it replaces the PC's own.
-        residual = recompute_us(status, request.prompt_tokens - lookup.matched * cfg.block_tokens)
-        with_cache = target.fetch_us + residual
-        uses_cache = lookup.matched > 0 and with_cache <= est.recompute_us
-        est = dataclasses.replace(est, fetch_us=target.fetch_us, residual_us=residual, uses_cache=uses_cache,
-                                  cost_us=est.wait_us + min(with_cache, est.recompute_us))
-        return _Candidate(est, lookup.matched if uses_cache else 0)
 
     def _directive(self, request: PlacementRequest, lookup: LookupResponse,
                    candidate: _Candidate) -> PrefetchDirective | None:
@@ -159,3 +151,115 @@ class Placer:
         holders.extend(r.holder for r in group)
         ordered = [h for h in dict.fromkeys(holders) if h != instance]
         return tuple(ordered[: self._config.max_sources])
+
+
+class _Pricing:
+    """The cost model applied to the candidates of one request, with the replicas' facts derived once."""
+
+    __slots__ = ("_blocks", "_config", "_lookup", "_request", "_resident", "_service_us", "_targets")
+
+    def __init__(self, config: PlacerConfig, request: PlacementRequest, lookup: LookupResponse,
+                 resident: Mapping[str, Collection[bytes]], service_us: Mapping[str, float]) -> None:
+        self._config = config
+        self._request = request
+        self._lookup = lookup
+        self._resident = resident
+        self._service_us = service_us
+        self._blocks: PreparedBlocks | None = None  # built when the first candidate is priced
+        self._targets: dict[str, TargetEstimate] = {}
+        for target in lookup.targets:
+            self._targets.setdefault(target.instance, target)  # the first estimate for an instance counts
+
+    @property
+    def blocks(self) -> PreparedBlocks:
+        if self._blocks is None:
+            cfg = self._config
+            self._blocks = PreparedBlocks(self._lookup.replicas, block_bytes=cfg.block_bytes, layers=cfg.layers)
+        return self._blocks
+
+    def _mean_service_us(self, status: InstanceStatus) -> float:
+        return self._service_us.get(status.instance, self._config.mean_service_us)
+
+    def _target_fetch_us(self, status: InstanceStatus) -> float | None:
+        target = self._targets.get(status.instance)
+        return None if target is None else target.fetch_us
+
+    def candidate(self, status: InstanceStatus) -> _Candidate:
+        """The priced candidate with its fetch plan."""
+        cfg, request, lookup = self._config, self._request, self._lookup
+        est = self.blocks.estimate(status, prompt_tokens=request.prompt_tokens, block_tokens=cfg.block_tokens,
+                                   mean_service_us=self._mean_service_us(status),
+                                   resident=self._resident.get(status.instance, ()))
+        target_fetch_us = self._target_fetch_us(status)
+        if target_fetch_us is None:
+            return _Candidate(est, est.loaded_blocks)
+        # The IS's estimate covers all matched blocks (section 6.2); it replaces the PC's own.
+        residual = recompute_us(status, request.prompt_tokens - lookup.matched * cfg.block_tokens)
+        with_cache = target_fetch_us + residual
+        uses_cache = lookup.matched > 0 and with_cache <= est.recompute_us
+        est = dataclasses.replace(est, fetch_us=target_fetch_us, residual_us=residual, uses_cache=uses_cache,
+                                  cost_us=est.wait_us + min(with_cache, est.recompute_us))
+        return _Candidate(est, lookup.matched if uses_cache else 0)
+
+    def _estimate_within(self, status: InstanceStatus, limit_us: float) -> Estimate | None:
+        """The PC's own estimate, or None when its cost is certainly above ``limit_us``."""
+        cfg, request = self._config, self._request
+        return self.blocks.estimate_within(status, prompt_tokens=request.prompt_tokens,
+                                           block_tokens=cfg.block_tokens,
+                                           mean_service_us=self._mean_service_us(status), limit_us=limit_us,
+                                           resident=self._resident.get(status.instance, ()))
+
+    def _cost_us(self, status: InstanceStatus, target_fetch_us: float) -> float:
+        """``candidate(status).estimate.cost_us`` when the IS gave a fetch estimate: no fetch plan needed."""
+        cfg, request = self._config, self._request
+        residual = recompute_us(status, request.prompt_tokens - self._lookup.matched * cfg.block_tokens)
+        everything = recompute_us(status, request.prompt_tokens)
+        return wait_us(status, self._mean_service_us(status)) + min(target_fetch_us + residual, everything)
+
+    def _floor_us(self, status: InstanceStatus) -> float:
+        """A lower bound of the candidate's cost when that cost is finite (-inf: none known)."""
+        cfg = self._config
+        floor = self.blocks.floor_us(status, prompt_tokens=self._request.prompt_tokens,
+                                     block_tokens=cfg.block_tokens, mean_service_us=self._mean_service_us(status))
+        target_fetch_us = self._target_fetch_us(status)
+        if target_fetch_us is not None and target_fetch_us < 0:  # the bound assumes fetch_us >= 0
+            return -math.inf
+        return floor
+
+    def cheapest(self, statuses: Sequence[InstanceStatus]) -> _Candidate | None:
+        """The candidate with the lowest finite cost (ties: the smaller URI, then the earlier record), or None.
+
+        Candidates are priced in the order of their lower bound; pricing stops at the first bound whose
+        (bound, URI, position) exceeds the best (cost, URI, position) so far: no candidate from there on
+        can be cheaper.  A fetch plan stops as soon as it shows a cost above the best one, and only the
+        winner's fetch plan is needed when the IS gave its fetch estimate.
+        """
+        floors = [self._floor_us(s) for s in statuses]
+        # Without a bound (-inf) a candidate is always priced: those go first, in the order given.
+        order = sorted(range(len(statuses)),
+                       key=lambda i: (floors[i], statuses[i].instance if floors[i] > -math.inf else "", i))
+        best_key: tuple[float, str, int] | None = None
+        best: _Candidate | None = None
+        for i in order:
+            status = statuses[i]
+            if best_key is not None and (floors[i], status.instance, i) > best_key:
+                break
+            target_fetch_us = self._target_fetch_us(status)
+            if target_fetch_us is not None and floors[i] > -math.inf:
+                cost = self._cost_us(status, target_fetch_us)  # sound records: the fetch plan cannot raise
+                candidate = None
+            elif target_fetch_us is None and best_key is not None:
+                est = self._estimate_within(status, best_key[0])
+                if est is None:
+                    continue  # its plan already costs more than the best: it cannot win
+                candidate = _Candidate(est, est.loaded_blocks)
+                cost = est.cost_us
+            else:
+                candidate = self.candidate(status)
+                cost = candidate.estimate.cost_us
+            key = (cost, status.instance, i)
+            if math.isfinite(cost) and (best_key is None or key < best_key):
+                best_key, best = key, candidate
+        if best is None and best_key is not None:  # the winner's fetch plan, which its cost did not need
+            best = self.candidate(statuses[best_key[2]])
+        return best
