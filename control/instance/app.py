@@ -10,6 +10,7 @@ Routes, relative to the role's base URI (docs/instance.md has the bodies):
     GET   sessions/{session}/tokens?from=N   -> NDJSON TokenEvents         (ext.)     readers of the scope
     POST  reshard                            ReshardPlan | Commit | Abort -> 200      PC only
     GET   shards/{map}?tokens=a-b[&version=v] -> container of the range    (ext.)     [instance] peers
+    PUT   shards/{map}?tokens=a-b&version=v   container -> 201             (ext.)     the PC, [instance] peers
 
 Handlers only translate: authorize, parse, call the role's parts (whose decisions live in
 `control.instance.core`), and write the answer.  Errors are raised as `ProblemError` and become
@@ -27,11 +28,9 @@ from aiohttp import hdrs, web
 
 from control.config import RoleConfig
 from control.holder.app import format_repr_digest
-from control.http import BLOCK_MEDIA_TYPE, identity, json_response, read_json
-from control.instance.core import OutputToken
+from control.http import BLOCK_MEDIA_TYPE, identity, json_response, read_json, read_limited
 from control.instance.metrics import InstanceMetrics
 from control.instance.output import TokenLog
-from control.instance.records import ResumeSession, StartSession, end_line, token_line
 from control.instance.role import InstanceRole
 from control.instance.sessions import spec_for_resume, spec_for_start
 from control.instance.settings import InstanceSettings
@@ -42,6 +41,8 @@ from kvsp.errors import ValidationError
 from kvsp.problems import Problem, ProblemError, ProblemType
 from kvsp.records import PrefetchDirective, StateChange, parse_reshard_message
 from kvsp.records._common import read_uuid
+from kvsp.records.generation import ResumeRequest, StartSession, TokenEvent
+from kvsp.records.shard import MAX_MAP_ID
 
 INSTANCE: web.AppKey[InstanceRole] = web.AppKey("kvsp.instance", InstanceRole)
 NDJSON: Final = "application/x-ndjson"
@@ -62,6 +63,7 @@ def setup(app: web.Application, config: RoleConfig) -> None:
     app.router.add_get(base + "sessions/{session}/tokens", get_tokens)
     app.router.add_post(base + "reshard", post_reshard)
     app.router.add_get(base + "shards/{map}", get_shard)
+    app.router.add_put(base + "shards/{map}", put_shard)
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_stop_work)
 
@@ -170,7 +172,7 @@ async def post_start(request: web.Request) -> web.Response:
 async def post_resume(request: web.Request) -> web.Response:
     _require_pc(request)
     session = _session_id(request)
-    body = await read_json(request, ResumeSession.from_json, _body_limit(request))
+    body = await read_json(request, ResumeRequest.from_json, _body_limit(request))
     checkpoint = body.checkpoint
     _same_session(session, checkpoint.session)
     role = request.app[INSTANCE]
@@ -215,13 +217,13 @@ async def _follow(response: web.StreamResponse, log: TokenLog, index: int) -> No
     while True:
         if index < len(log.tokens):
             chunk = log.tokens[index : index + STREAM_BATCH]
-            await response.write(b"".join(token_line(OutputToken(index + i, log.epoch, t))
+            await response.write(b"".join(TokenEvent(index + i, log.epoch, t).to_line()
                                           for i, t in enumerate(chunk)))
             index += len(chunk)
             continue
         if log.closed:
             if log.end is not None:
-                await response.write(end_line(log.end))
+                await response.write(log.end.to_line())
             break
         await log.wait(index)
     await response.write_eof()
@@ -234,6 +236,27 @@ async def post_reshard(request: web.Request) -> web.Response:
     _require_pc(request)
     message = await read_json(request, parse_reshard_message, _body_limit(request))
     return json_response(await request.app[INSTANCE].shards.handle(message))
+
+
+async def put_shard(request: web.Request) -> web.Response:
+    """Register KV of a token range as held in a version of a map (a prefill worker or the PC placing
+    a member's range); the write side of GET shards/{map}."""
+    role = request.app[INSTANCE]
+    who = identity(request)
+    if not (role.settings.may_read_shards(who) or request.app[CONFIG].policy.is_pc(who)):
+        raise ProblemError(Problem.generic(403, "Forbidden", f"{who} is not a peer of this instance"))
+    if request.content_type != BLOCK_MEDIA_TYPE:
+        raise ProblemError(Problem.generic(415, "Unsupported Media Type", f"use {BLOCK_MEDIA_TYPE}"))
+    tokens = _token_range(request.query.get("tokens", ""))
+    version_text = request.query.get("version", "")
+    if not version_text.isdigit() or len(version_text) > 15:
+        raise ValidationError("version", "must be a map version")
+    map_id = request.match_info["map"]
+    if not 0 < len(map_id) <= MAX_MAP_ID:
+        raise ValidationError("map", f"must be 1..{MAX_MAP_ID} characters")
+    body = await read_limited(request, role.shards.max_range_octets(tokens))
+    await role.shards.put_range(map_id, int(version_text), tokens, body)
+    return json_response({"map": map_id, "version": int(version_text), "tokens": list(tokens)}, status=201)
 
 
 async def get_shard(request: web.Request) -> web.StreamResponse:

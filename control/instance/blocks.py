@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import logging
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Final, Protocol
 
 from control.holder.service import Holder, StoreFullError
@@ -144,6 +145,7 @@ class Replicator:
         self.metrics = metrics
         self._gate = asyncio.Semaphore(REPLICATE_CONCURRENCY)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._copying: dict[BlockId, asyncio.Task[None]] = {}  # the copy in flight of each block
 
     def submit(self, block: BlockId, container: bytes) -> None:
         if self.client is None or not self.targets:
@@ -153,7 +155,15 @@ class Replicator:
             return
         task = asyncio.get_running_loop().create_task(self._copy(block, container))
         self._tasks.add(task)
+        self._copying[block] = task
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda t: self._copying.pop(block, None) if self._copying.get(block) is t else None)
+
+    async def settled(self, blocks: Sequence[BlockId]) -> None:
+        """Until the copies of ``blocks`` still in flight have ended (stored, present or failed)."""
+        tasks = [task for task in (self._copying.get(b) for b in blocks) if task is not None]
+        if tasks:
+            await asyncio.wait(tasks)
 
     async def _copy(self, block: BlockId, container: bytes) -> None:
         client = self.client

@@ -3,25 +3,33 @@
 ``engine = "test"`` is `kvsp.engine.DeterministicTestEngine` with the geometry of the configured
 Compatibility Descriptor; the Hugging Face adapter ("hf:DIR") comes with the torch work.  One `Engine`
 object is one generation context, so the instance makes one per session through an `EngineFactory`.
+The test engine computes in microseconds; `Pacing` gives it an artificial cost per prefilled and per
+decoded token (``[instance] test_prefill_us_per_token`` / ``test_decode_us_per_token``), spent in the
+worker thread the engine runs in, so that tests and benchmarks see the timing of a real model.
 
 `RateMeter` turns the engine's actual timings into the status record's ``prefill_tokens_per_s`` and
 ``decode_tokens_per_s`` (an exponentially weighted mean of measured rates, section 6.3/6.4 inputs).
+`calibrate` measures both once at start-up: a rate of 0 would make every recompute infinitely slow
+to the PC's cost model (section 6.4), so an instance that reported 0 until its first session would
+never be given one.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from kvsp.descriptor import CompatDescriptor
-from kvsp.engine import DeterministicTestEngine, Engine, EngineGeometry
+from kvsp.engine import BlockKv, Bytes, DeterministicTestEngine, Engine, EngineGeometry, LayerKv, Step, greedy_sampler
 from kvsp.errors import ValidationError
 from kvsp.records import Sampler
 
 EngineFactory = Callable[[Sampler], Engine]
 EWMA_WEIGHT: Final = 0.2
+CALIBRATION_BLOCKS: Final = 4  # prompt blocks prefilled by `calibrate`
+CALIBRATION_STEPS: Final = 4  # decode steps timed by `calibrate`
 T = TypeVar("T")
 
 
@@ -35,8 +43,57 @@ def check_geometry(geometry: EngineGeometry, descriptor: CompatDescriptor) -> No
                                                  f"{ours} disagrees with the descriptor's {theirs}")
 
 
-def engine_factory(name: str, descriptor: CompatDescriptor, *, vocab_size: int) -> tuple[EngineFactory,
-                                                                                          EngineGeometry]:
+@dataclass(frozen=True, slots=True)
+class Pacing:
+    """Artificial compute cost of the test engine, per token (0: as fast as numpy goes)."""
+
+    prefill_us_per_token: int = 0
+    decode_us_per_token: int = 0
+
+
+class PacedEngine:
+    """An engine that takes at least ``pacing`` per token: it sleeps in the calling (worker) thread."""
+
+    __slots__ = ("_engine", "_pacing")
+
+    def __init__(self, engine: Engine, pacing: Pacing) -> None:
+        self._engine = engine
+        self._pacing = pacing
+
+    @property
+    def geometry(self) -> EngineGeometry:
+        return self._engine.geometry
+
+    @property
+    def context_length(self) -> int:
+        return self._engine.context_length
+
+    def prefill(self, tokens: Sequence[int], loaded_prefix_kv: Sequence[BlockKv] = ()) -> Step:
+        step = self._engine.prefill(tokens, loaded_prefix_kv)
+        loaded = getattr(self._engine, "loaded_tokens", 0)
+        time.sleep(self._pacing.prefill_us_per_token * max(0, len(tokens) - loaded) / 1e6)
+        return step
+
+    def decode_step(self) -> Step:
+        step = self._engine.decode_step()
+        time.sleep(self._pacing.decode_us_per_token / 1e6)
+        return step
+
+    def export_kv(self, block: int, layers: tuple[int, int]) -> list[LayerKv]:
+        return self._engine.export_kv(block, layers)
+
+    def import_kv(self, block: int, layer: int, k: Bytes, v: Bytes) -> None:
+        self._engine.import_kv(block, layer, k, v)
+
+    def sampler_state(self) -> Sampler:
+        return self._engine.sampler_state()
+
+    def restore_sampler(self, state: Sampler) -> None:
+        self._engine.restore_sampler(state)
+
+
+def engine_factory(name: str, descriptor: CompatDescriptor, *, vocab_size: int,
+                   pacing: Pacing = Pacing()) -> tuple[EngineFactory, EngineGeometry]:
     """The factory for ``name`` and its geometry, checked against ``descriptor``."""
     if name != "test":
         raise ValidationError("instance.engine", f"unknown engine {name!r}")
@@ -46,11 +103,22 @@ def engine_factory(name: str, descriptor: CompatDescriptor, *, vocab_size: int) 
                               block_tokens=descriptor.block_tokens, vocab_size=vocab_size,
                               kv_dtype=descriptor.kv_dtype)
     check_geometry(geometry, descriptor)
+    paced = pacing != Pacing()
 
     def make(sampler: Sampler) -> Engine:
-        return DeterministicTestEngine(geometry, sampler)
+        engine = DeterministicTestEngine(geometry, sampler)
+        return PacedEngine(engine, pacing) if paced else engine
 
     return make, geometry
+
+
+def calibrate(make: EngineFactory, block_tokens: int) -> tuple[float, float]:
+    """(prefill, decode) tokens per second of a fresh engine on a small context (worker thread)."""
+    engine = make(greedy_sampler())
+    prompt = [1] * (CALIBRATION_BLOCKS * block_tokens)
+    _, prefill_s = timed(lambda: engine.prefill(prompt))
+    _, decode_s = timed(lambda: [engine.decode_step() for _ in range(CALIBRATION_STEPS)])
+    return len(prompt) / max(prefill_s, 1e-9), CALIBRATION_STEPS / max(decode_s, 1e-9)
 
 
 @dataclass(slots=True)

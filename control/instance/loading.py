@@ -65,8 +65,10 @@ class ContextLoader:
         self.fetchers = fetchers
         self.metrics = metrics
 
-    async def load(self, scope_id: bytes, keys: Sequence[bytes], *, deadline_s: float) -> LoadedPrefix:
-        """The longest loadable prefix of ``keys``; never raises for a miss (the rest is recomputed)."""
+    async def load(self, scope_id: bytes, keys: Sequence[bytes], *, deadline_s: float,
+                   fetch: bool = True) -> LoadedPrefix:
+        """The longest loadable prefix of ``keys``; never raises for a miss (the rest is recomputed).
+        ``fetch=False``: the own tiers only (a prefetch directive already loaded what was worth it)."""
         prefix = LoadedPrefix()
         for key in keys:
             held = await self.tiers.local.read(BlockId(self.compat_id, scope_id, key))
@@ -75,7 +77,7 @@ class ContextLoader:
             prefix.blocks.append(held)
         prefix.local = len(prefix.blocks)
         rest = keys[prefix.local :]
-        if rest:
+        if rest and fetch:
             await self._fetch(scope_id, rest, prefix, deadline_s)
         return prefix
 

@@ -28,6 +28,9 @@ class InstanceMetrics:
     reshard_plans: Counter  # label: result (acked, failed, expired)
     reshard_bytes_moved: Counter
     reshard_bytes_retained: Counter
+    reshard_bytes_discarded: Counter  # fetched for a version that was aborted or expired
+    shard_bytes_held: Gauge  # KV octets of the authoritative versions of every map held
+    shard_bytes_staged: Gauge  # KV octets fetched for versions not yet committed
     sessions_running: Gauge
     sessions_queued: Gauge
 
@@ -55,6 +58,10 @@ class InstanceMetrics:
             reshard_bytes_moved=c("kvsp_instance_reshard_bytes_moved_total", "KV octets fetched for reshard plans"),
             reshard_bytes_retained=c("kvsp_instance_reshard_bytes_retained_total",
                                      "KV octets kept in place across reshard commits"),
+            reshard_bytes_discarded=c("kvsp_instance_reshard_bytes_discarded_total",
+                                      "KV octets fetched for reshard plans and discarded (abort, deadline)"),
+            shard_bytes_held=g("kvsp_instance_shard_bytes_held", "KV octets of the shard maps' authoritative versions"),
+            shard_bytes_staged=g("kvsp_instance_shard_bytes_staged", "KV octets fetched for uncommitted versions"),
             sessions_running=g("kvsp_instance_sessions_running", "Sessions generating now"),
             sessions_queued=g("kvsp_instance_sessions_queued", "Sessions admitted and waiting"),
         )

@@ -9,6 +9,8 @@ Each checkpoint is sent (one per completed block, section 6.8) while at most ``M
 beyond that the oldest waiting ones are dropped, because the newest covers them (the PC keeps the
 highest output_offset).  Transport failures and refusals are retried with backoff, and while one is
 retried a newer waiting checkpoint replaces it.  Fencing (`Fenced`) stops the sender for good.
+`hold_until` keeps every checkpoint back until a condition is met (the session's prompt blocks have
+reached the ``replicate_to`` holders: a checkpoint names them by key only, section 6.8).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from typing import Final
 
 from control.instance.core import OutputToken
 from control.instance.pc_client import Fenced
-from control.instance.records import CheckpointAck, EndLine
+from control.instance.records import CheckpointAck
 from kvsp.client.http import TransportError
 from kvsp.errors import ValidationError
 from kvsp.problems import ProblemError
 from kvsp.records import SessionCheckpoint
+from kvsp.records.generation import StreamEnd
 
 log = logging.getLogger("kvsp.instance.output")
 
@@ -41,7 +44,7 @@ class TokenLog:
     def __init__(self, epoch: int, initial: Sequence[int] = ()) -> None:
         self.epoch = epoch
         self.tokens: list[int] = list(initial)
-        self.end: EndLine | None = None
+        self.end: StreamEnd | None = None
         self.closed = False
         self.readers = 0
         self._changed = asyncio.Event()
@@ -54,7 +57,7 @@ class TokenLog:
         if released:
             self._notify()
 
-    def close(self, end: EndLine | None) -> None:
+    def close(self, end: StreamEnd | None) -> None:
         """No more tokens: ``end`` is the stream's last line, or None when the session stopped here
         without finishing (fenced, failed): readers then see the connection end without an end line."""
         if not self.closed:
@@ -86,7 +89,12 @@ class CheckpointSender:
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
+        self._hold: asyncio.Task[None] | None = None
         self.fenced = False
+
+    def hold_until(self, ready: Awaitable[None]) -> None:
+        """Send nothing before ``ready`` is done (its errors are ignored: then it is done too)."""
+        self._hold = asyncio.ensure_future(ready)
 
     def submit(self, checkpoint: SessionCheckpoint) -> None:
         if self.fenced:
@@ -107,6 +115,8 @@ class CheckpointSender:
         return not self.fenced
 
     async def close(self) -> None:
+        if self._hold is not None and not self._hold.done():
+            self._hold.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -114,6 +124,8 @@ class CheckpointSender:
         self._idle.set()
 
     async def _loop(self) -> None:
+        if self._hold is not None:
+            await asyncio.wait([self._hold])
         while not self.fenced:
             await self._wake.wait()
             self._wake.clear()

@@ -7,6 +7,11 @@ the directive's keys (the records carry the digests that loading verifies), then
 replica), and `loaded` / `load_failed`.  A real-time timer calls `tick` at the deadline and the
 `CancelLoads` it returns cancels the loads still running.  Directive work is I/O in tasks of its own,
 with bounded concurrency, so it never blocks sessions already admitted (hashing runs in threads).
+
+`settled` lets the start of the session a directive was sent for (``request_ref``) wait until the
+directive has ended (complete, partial at its deadline, or failed) instead of fetching the same blocks
+a second time alongside it; the session is then served with the prefix the directive placed in the
+own tiers and recomputes the rest (section 6.5).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from kvsp.client.http import TransportError
 from kvsp.client.index import IndexClient
 from kvsp.errors import ValidationError
 from kvsp.problems import ProblemError
-from kvsp.records import LookupRequest, PrefetchDirective, ReplicaRecord
+from kvsp.records import LookupRequest, PrefetchDirective, PrefetchStatus, ReplicaRecord
 
 log = logging.getLogger("kvsp.instance.prefetch")
 
@@ -56,6 +61,7 @@ class PrefetchRunner:
         self.block_tokens = block_tokens
         self._gate = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._running: dict[str, asyncio.Task[None]] = {}  # by request_ref, while the directive runs
 
     def accept(self, sender: str, directive: PrefetchDirective) -> None:
         """POST prefetch: raises the tracker's problems (403, 409, 429); starts the loads."""
@@ -66,6 +72,18 @@ class PrefetchRunner:
         task = asyncio.get_running_loop().create_task(self._run(_Directive(directive, now), actions))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        ref = directive.request_ref
+        if ref is not None:
+            self._running[ref] = task
+            task.add_done_callback(lambda t: self._running.pop(ref, None) if self._running.get(ref) is t else None)
+
+    async def settled(self, request_ref: str) -> PrefetchStatus | None:
+        """The directive sent for ``request_ref`` once it has ended (its deadline bounds the wait), or
+        None when there was none."""
+        task = self._running.get(request_ref)
+        if task is not None:
+            await asyncio.wait([task])  # never raises; the task ends by its deadline or at shutdown
+        return self.tracker.for_request(request_ref)
 
     async def _run(self, run: _Directive, actions: list[PrefetchAction]) -> None:
         directive = run.directive

@@ -1,12 +1,10 @@
-"""The kvsp extension records between the PC, the instance and the front end (docs/pc-instance-protocol.md).
+"""The kvsp extension records the instance reads and writes (docs/pc-instance-protocol.md).
 
-The spec leaves inference requests out of scope (section 1.3); these are the shapes of the contract:
+StartSession, the resume body, and the token stream's lines are defined once, in
+`kvsp.records.generation`, and shared with the PC; this module gives them the instance's names and
+adds the PC's answer to a checkpoint:
 
-    StartSession = {"session": uuid, "epoch": int, "scope_id", "compat_id", "prompt": [uint32...],
-                    "max_tokens": int, "sampler": {"method","params","seed","step","deterministic"}}
-    TokenEvent   = {"index": int, "epoch": int, "token": uint32}          one JSON object per line
-                 | {"end": true, "reason": "max_tokens"|"stop", "epoch": int}   the last line
-    Ack          = {"session", "epoch", "output_offset"}                  the PC's answer to a checkpoint
+    Ack = {"session", "epoch", "output_offset"}     the PC recorded a checkpoint covering output_offset
 
 The body of POST sessions/{session}/resume is a Session Checkpoint; it may carry the extension member
 ``"max_tokens"`` (the session's total output budget), which spec-only parsers ignore.
@@ -15,79 +13,27 @@ The body of POST sessions/{session}/resume is a Session Checkpoint; it may carry
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Self
+from typing import Self
 
-from control.instance.core import OutputToken
 from kvsp._reader import ObjectReader
-from kvsp.encoding import canonical_json, parse_json
-from kvsp.errors import ValidationError
-from kvsp.records import Sampler, SessionCheckpoint
-from kvsp.records._common import (
-    COMPAT_ID_OCTETS,
-    MAX_SAFE_INT,
-    MAX_UINT32,
-    SCOPE_ID_OCTETS,
-    JsonRecord,
-    read_count,
-    read_positive,
-    read_uuid,
+from kvsp.records._common import JsonRecord, read_count, read_uuid
+from kvsp.records.generation import (
+    END_REASONS,
+    ResumeRequest,
+    StartSession,
+    StreamEnd,
+    StreamLine,
+    TokenEvent,
+    parse_stream_line,
 )
-from kvsp.records.session import MAX_TOKENS
 
-END_REASONS: Final = frozenset({"max_tokens", "stop"})
+__all__ = ["END_REASONS", "CheckpointAck", "EndLine", "ResumeSession", "StartSession", "TokenLine", "end_line",
+           "parse_token_line", "token_line"]
 
-
-@dataclass(frozen=True, slots=True)
-class StartSession(JsonRecord):
-    """Body of POST sessions/{session}/start (PC only)."""
-
-    session: str
-    epoch: int
-    scope_id: bytes
-    compat_id: bytes
-    prompt: tuple[int, ...]
-    max_tokens: int
-    sampler: Sampler
-
-    @classmethod
-    def from_reader(cls, r: ObjectReader) -> Self:
-        return cls(
-            session=read_uuid(r, "session"),
-            epoch=r.int("epoch", minimum=1, maximum=MAX_SAFE_INT),
-            scope_id=r.hex("scope_id", SCOPE_ID_OCTETS),
-            compat_id=r.hex("compat_id", COMPAT_ID_OCTETS),
-            prompt=r.int_list("prompt", maximum=MAX_UINT32, max_items=MAX_TOKENS, nonempty=True),
-            max_tokens=read_positive(r, "max_tokens"),
-            sampler=Sampler.from_reader(r.object("sampler")),
-        )
-
-    def to_json(self) -> dict[str, object]:
-        return {"session": self.session, "epoch": self.epoch, "scope_id": self.scope_id.hex(),
-                "compat_id": self.compat_id.hex(), "prompt": list(self.prompt), "max_tokens": self.max_tokens,
-                "sampler": self.sampler.to_json()}
-
-
-@dataclass(frozen=True, slots=True)
-class ResumeSession:
-    """Body of POST sessions/{session}/resume: the checkpoint at the new epoch, and the optional budget."""
-
-    checkpoint: SessionCheckpoint
-    max_tokens: int | None = None
-
-    @classmethod
-    def from_json(cls, value: object) -> ResumeSession:
-        checkpoint = SessionCheckpoint.from_json(value)
-        r = ObjectReader(value)
-        max_tokens = r.optional("max_tokens", lambda n: read_positive(r, n))
-        if max_tokens is not None and max_tokens < checkpoint.output_offset:
-            raise ValidationError("max_tokens", "must not be below output_offset")
-        return cls(checkpoint, max_tokens)
-
-    def to_bytes(self) -> bytes:
-        body = self.checkpoint.to_json()
-        if self.max_tokens is not None:
-            body["max_tokens"] = self.max_tokens
-        return canonical_json(body)
+ResumeSession = ResumeRequest  # the instance's name for the resume body
+EndLine = StreamEnd  # the last line of a token stream
+TokenLine = StreamLine
+parse_token_line = parse_stream_line  # decode one line of a token stream (the front end's side)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,31 +52,10 @@ class CheckpointAck(JsonRecord):
         return {"session": self.session, "epoch": self.epoch, "output_offset": self.output_offset}
 
 
-@dataclass(frozen=True, slots=True)
-class EndLine:
-    """The last line of a token stream: no more tokens at this epoch."""
-
-    reason: str
-    epoch: int
-
-
-TokenLine = OutputToken | EndLine
-
-
-def token_line(token: OutputToken) -> bytes:
+def token_line(token: TokenEvent) -> bytes:
     """One NDJSON line (with its newline) for a token."""
-    return canonical_json({"index": token.index, "epoch": token.epoch, "token": token.token}) + b"\n"
+    return token.to_line()
 
 
-def end_line(end: EndLine) -> bytes:
-    return canonical_json({"end": True, "reason": end.reason, "epoch": end.epoch}) + b"\n"
-
-
-def parse_token_line(line: bytes | str) -> TokenLine:
-    """Decode one line of a token stream (the front end's side)."""
-    r = ObjectReader(parse_json(line))
-    if r.has("end"):
-        if r.bool("end") is not True:
-            raise ValidationError("end", "must be true")
-        return EndLine(r.choice("reason", END_REASONS), read_count(r, "epoch"))
-    return OutputToken(read_count(r, "index"), read_count(r, "epoch"), r.int("token", maximum=MAX_UINT32))
+def end_line(end: StreamEnd) -> bytes:
+    return end.to_line()

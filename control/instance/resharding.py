@@ -7,6 +7,11 @@ waits until `AckPlan` (200) or `PlanFailed` (502) or the deadline (504, and the 
 was fetched), and commits and aborts are answered at once.  Retained ranges never move: the bytes
 moved (a metric) count only fetched octets.
 
+The KV a member holds in a version comes from its engine (`put`) or, over the network, from the kvsp
+extension ``PUT shards/{map}?tokens=a-b&version=v`` (`put_range`: a prefill worker or the PC placing a
+range, the write side of the GET that plans fetch with).  Metrics say what is held, what is staged for
+an uncommitted version, and what was fetched and then discarded (abort, deadline).
+
 KV of a token range travels as a kvsp-layout-1 container (spec section 4.3) whose Token Count is the
 range's length, all layers, with a Repr-Digest.  In the store a range is one token-major buffer: for
 each token, for each layer, its K row then its V row (kv_heads x head_dim elements each), so that a
@@ -115,7 +120,24 @@ class ShardHost:
         store = self._store(map_id, version)
         if store.version != version:
             raise ProblemError.of(ProblemType.PLAN_CONFLICT, f"map {map_id} is at version {store.version}")
-        store.put(tokens, data)
+        try:
+            store.put(tokens, data)
+        except ValueError as exc:
+            raise ProblemError.of(ProblemType.PLAN_CONFLICT, f"map {map_id}: {exc}") from exc
+        self._gauges()
+
+    async def put_range(self, map_id: str, version: int, tokens: TokenRange, body: bytes) -> None:
+        """PUT shards/{map}: register a container of ``tokens`` (all layers) as held in ``version``."""
+        data = await asyncio.to_thread(self.layout.from_container, body, self.geometry, tokens[1] - tokens[0])
+        self.put(map_id, version, tokens, data)
+
+    def max_range_octets(self, tokens: TokenRange) -> int:
+        """The largest container of ``tokens`` accepted (the KV plus a header)."""
+        return (tokens[1] - tokens[0]) * self.layout.bytes_per_token + HEADER_SLACK
+
+    def _gauges(self) -> None:
+        self.metrics.shard_bytes_held.set(sum(s.held_bytes for s in self.stores.values()))
+        self.metrics.shard_bytes_staged.set(sum(s.staged_bytes for s in self.stores.values()))
 
     def _store(self, map_id: str, version: int) -> ShardStore:
         store = self.stores.get(map_id)
@@ -190,7 +212,9 @@ class ShardHost:
                              released, released_bytes)
                 case Aborted(_, version, discarded):
                     self._plans.pop((map_id, version), None)
+                    self.metrics.reshard_bytes_discarded.inc(discarded)
                     log.info("map %s: version %d abandoned; %d fetched octets discarded", map_id, version, discarded)
+        self._gauges()
 
     async def _fetch(self, map_id: str, version: int, tokens: TokenRange, source: str) -> None:
         store = self.stores[map_id]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 
 from aiohttp import web
@@ -18,7 +19,7 @@ from control.config import RoleConfig
 from control.holder.app import HOLDER
 from control.instance.blocks import HolderBlocks, LocalBlocks, MemoryBlocks, Replicator, Tiers
 from control.instance.core import PrefetchTracker
-from control.instance.engines import EngineFactory, RateMeter, engine_factory
+from control.instance.engines import EngineFactory, Pacing, RateMeter, calibrate, engine_factory
 from control.instance.loading import ContextLoader
 from control.instance.metrics import InstanceMetrics
 from control.instance.pc_client import PcClient
@@ -53,7 +54,9 @@ class InstanceRole:
         self.clock = clock
         descriptor = settings.descriptor
         self.engines: EngineFactory
-        self.engines, _ = engine_factory(settings.engine, descriptor, vocab_size=settings.limits.vocab_size)
+        limits = settings.limits
+        pacing = Pacing(limits.test_prefill_us_per_token, limits.test_decode_us_per_token)
+        self.engines, _ = engine_factory(settings.engine, descriptor, vocab_size=limits.vocab_size, pacing=pacing)
         self.geometry = Geometry.for_dtype(descriptor.kv_heads, descriptor.head_dim, descriptor.kv_dtype,
                                            descriptor.layers)
         self.tracker = PrefetchTracker(config.policy.pc or "", compat_id=descriptor.compat_id,
@@ -114,16 +117,20 @@ class InstanceRole:
         self._replicator = Replicator(HolderClient(session), settings.replicate_to, self.metrics)
         tiers = Tiers(self._local_blocks(app), self._replicator, self.metrics)
         block_tokens = settings.descriptor.block_tokens
+        # Measured before the first status: the PC prices recompute with these (0 would be infinite).
+        prefill_rate, decode_rate = await asyncio.to_thread(calibrate, self.engines, block_tokens)
+        prefill, decode = RateMeter(prefill_rate), RateMeter(decode_rate)
         deps = SessionDeps(
             loader=ContextLoader(settings.descriptor.compat_id, block_tokens, tiers, self.fetcher, self.metrics),
             tiers=tiers, pc=PcClient(session, settings.pc, self.config.server.base_uri,
                                      timeout_s=limits.pc_timeout_ms / 1000),
-            batch=asyncio.Semaphore(limits.batch_size), prefill=RateMeter(), decode=RateMeter(),
+            batch=asyncio.Semaphore(limits.batch_size), prefill=prefill, decode=decode,
             metrics=self.metrics, limits=limits, geometry=self.geometry, block_tokens=block_tokens)
-        self._instance = Instance(settings, self.config.server.base_uri, self.engines, deps, self.clock)
         self._prefetch = PrefetchRunner(self.tracker, tiers, index=lambda: IndexClient(session, settings.index),
                                         fetchers=self.fetcher, clock=self.clock, metrics=self.metrics,
                                         concurrency=limits.prefetch_concurrency, block_tokens=block_tokens)
+        deps = dataclasses.replace(deps, prefetched=self._prefetch.settled)
+        self._instance = Instance(settings, self.config.server.base_uri, self.engines, deps, self.clock)
         self._tasks.append(asyncio.get_running_loop().create_task(self._instance.status_loop()))
 
     async def stop_work(self) -> None:

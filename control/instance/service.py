@@ -185,7 +185,7 @@ class Instance:
             running=running, queued=queued, batch_size=limits.batch_size,
             kv_utilization=min(1.0, cached / limits.kv_capacity_tokens),
             prefill_tokens_per_s=round(self.deps.prefill.rate, 3), decode_tokens_per_s=round(self.deps.decode.rate, 3),
-            links=(), ttl_ms=limits.status_ttl_ms, now=self.clock())
+            links=self.settings.links, ttl_ms=limits.status_ttl_ms, now=self.clock())
 
     async def report_once(self) -> None:
         """One status PUT; the answer goes through the lifecycle core (a sleep request answered)."""
@@ -195,6 +195,8 @@ class Instance:
         except (ProblemError, TransportError, ValidationError) as exc:
             self.metrics.status_reports.labels("failed").inc()
             log.warning("status report to the PC failed: %s", exc)
+            if isinstance(exc, ProblemError):
+                self._apply(self.lifecycle.on_status_refused(exc.problem.kind, int(time.time() * 1000)))
             return
         self.metrics.status_reports.labels("ok").inc()
         try:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -37,13 +37,14 @@ from control.instance.loading import ContextLoader, LoadedPrefix, import_prefix
 from control.instance.metrics import InstanceMetrics
 from control.instance.output import CheckpointSender, TokenLog
 from control.instance.pc_client import Fenced, PcClient
-from control.instance.records import CheckpointAck, EndLine, ResumeSession, StartSession
+from control.instance.records import CheckpointAck
 from control.instance.settings import Limits
 from kvsp.container import Geometry, encode_container
 from kvsp.engine import Engine, Step
 from kvsp.errors import KvspError
 from kvsp.keys import ZERO_KEY, BlockKeyChain, ScopeKey
-from kvsp.records import SessionCheckpoint
+from kvsp.records import PrefetchStatus, SessionCheckpoint
+from kvsp.records.generation import ResumeRequest, StartSession, StreamEnd
 from kvsp.registry import Codec
 
 log = logging.getLogger("kvsp.instance.sessions")
@@ -86,7 +87,7 @@ def spec_for_start(body: StartSession, key: ScopeKey, block_tokens: int) -> Sess
     return SessionSpec(START, base, body.prompt, keys, 0, body.max_tokens)
 
 
-def spec_for_resume(body: ResumeSession, key: ScopeKey, block_tokens: int, default_max_tokens: int) -> SessionSpec:
+def spec_for_resume(body: ResumeRequest, key: ScopeKey, block_tokens: int, default_max_tokens: int) -> SessionSpec:
     cp = body.checkpoint
     chain = BlockKeyChain(key, cp.compat_id, block_tokens, last_key=cp.prompt_blocks[-1] if cp.prompt_blocks
                           else ZERO_KEY, blocks=len(cp.prompt_blocks))
@@ -111,6 +112,8 @@ class SessionDeps:
     limits: Limits
     geometry: Geometry
     block_tokens: int
+    # The prefetch directive sent for a session (request_ref), once it has ended; None: there was none.
+    prefetched: Callable[[str], Awaitable[PrefetchStatus | None]] | None = None
 
 
 class SessionRun:
@@ -153,9 +156,20 @@ class SessionRun:
 
     # -- loading (before the batch slot) -------------------------------------------------------
     async def load(self) -> LoadedPrefix:
-        """Load the cached prefix; a resume without its prompt blocks cannot go on (SessionFailed)."""
+        """Load the cached prefix; a resume without its prompt blocks cannot go on (SessionFailed).
+
+        A start the PC sent a prefetch directive for waits for that directive to end, then takes the
+        prefix it placed in the own tiers and recomputes the rest (section 6.5: past the deadline the
+        remaining tokens are recomputed), instead of fetching the same blocks a second time."""
         limit_s = self.deps.limits.load_timeout_ms / 1000
-        prefix = await self.deps.loader.load(self.spec.base.scope_id, self.keys, deadline_s=limit_s)
+        fetch = True
+        if self.spec.kind == START and self.deps.prefetched is not None:
+            try:
+                async with asyncio.timeout(limit_s):
+                    fetch = await self.deps.prefetched(self.session) is None
+            except TimeoutError:
+                fetch = False
+        prefix = await self.deps.loader.load(self.spec.base.scope_id, self.keys, deadline_s=limit_s, fetch=fetch)
         if len(prefix.blocks) < self.spec.required:
             raise SessionFailed(f"session {self.session}: prompt block {len(prefix.blocks)} of "
                                 f"{self.spec.required} has no loadable replica and cannot be recomputed")
@@ -210,7 +224,24 @@ class SessionRun:
         metrics.tokens_recomputed.inc(len(context) - loaded)
         self.deps.prefill.observe(len(context) - loaded, seconds)
         await self._store(range(len(blocks), len(self.keys)))
+        if self.spec.kind == START:
+            self.sender.hold_until(self._prompt_replicated(len(context) // b))
         return step
+
+    async def _prompt_replicated(self, blocks: int) -> None:
+        """Until the prompt blocks computed here reached ``replicate_to`` (bounded by load_timeout_ms).
+
+        A checkpoint names the prompt blocks by key only and the PC then drops the prompt: if this
+        instance died before its copies landed, no instance could resume the session.  Checkpoints
+        wait for the copies instead (a non-deterministic sampler thus releases its first tokens only
+        once the prompt survives this process; a deterministic one releases at once anyway)."""
+        scope, compat = self.spec.base.scope_id, self.spec.base.compat_id
+        ids = [BlockId(compat, scope, key) for key in self.keys[:blocks]]
+        try:
+            async with asyncio.timeout(self.deps.limits.load_timeout_ms / 1000):
+                await self.deps.tiers.replicator.settled(ids)
+        except TimeoutError:
+            log.warning("session %s: prompt blocks not replicated in time; checkpointing anyway", self.session)
 
     # -- generation ------------------------------------------------------------------------------
     async def _generate(self, step: Step) -> None:
@@ -273,7 +304,7 @@ class SessionRun:
             log.warning("session %s: %d tokens never acknowledged; ending without an end line",
                         self.session, gate.output_offset - gate.released)
             return "failed"
-        self.log.close(EndLine("max_tokens", self.epoch))
+        self.log.close(StreamEnd("max_tokens", self.epoch))
         return "max_tokens"
 
     # -- from the checkpoint sender -------------------------------------------------------------

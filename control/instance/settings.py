@@ -23,9 +23,12 @@
     prefetch_concurrency = 4                 # blocks loaded at once per directive
     replicate_to = []                        # holders that also get every placed block (survival)
     peers = []                               # identities that may GET shards/{map} ("*": any)
+    links = [{ holder = "https://h1/", mbit_per_s = 100000, rtt_us = 20 }]  # reported in status (6.4)
     memory_blocks_octets = 268435456         # block cache when no holder role runs in the process
     idle_for_s = 300.0                       # idle this long before asking to sleep
     max_maps = 64                            # shard maps held at once
+    test_prefill_us_per_token = 0            # engine = "test": artificial cost per prefilled token
+    test_decode_us_per_token = 0             # engine = "test": artificial cost per decoded token
 
 Unknown keys are refused, like the holder's, so a misspelt key fails at startup.
 """
@@ -43,6 +46,7 @@ from kvsp.descriptor import CompatDescriptor
 from kvsp.encoding import parse_hex
 from kvsp.errors import ValidationError
 from kvsp.keys import ScopeKey
+from kvsp.records import Link
 from kvsp.records._common import MAX_SAFE_INT, check_uri
 
 ENGINES: Final = frozenset({"test"})
@@ -69,13 +73,17 @@ class Limits:
     prefetch_concurrency: int = 4
     memory_blocks_octets: int = 256 << 20
     max_maps: int = 64
+    test_prefill_us_per_token: int = 0
+    test_decode_us_per_token: int = 0
 
 
 _MINIMUM: Final[Mapping[str, int]] = {"vocab_size": 2, "status_ttl_ms": 3, "finished_retention_ms": 0,
-                                      "memory_blocks_octets": 0}
+                                      "memory_blocks_octets": 0, "test_prefill_us_per_token": 0,
+                                      "test_decode_us_per_token": 0}
 _INTS: Final = tuple(f.name for f in fields(Limits))
 KNOWN_KEYS: Final = frozenset({"pc", "index", "engine", "descriptors", "scope_keys", "replicate_to", "peers",
-                               "idle_for_s", *_INTS})
+                               "idle_for_s", "links", *_INTS})
+MAX_LINKS: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +98,7 @@ class InstanceSettings:
     replicate_to: tuple[str, ...] = ()
     peers: frozenset[str] = frozenset()
     idle_for_s: float = 300.0
+    links: tuple[Link, ...] = ()
     limits: Limits = Limits()
 
     def may_read_shards(self, identity: str) -> bool:
@@ -116,6 +125,7 @@ class InstanceSettings:
             replicate_to=_uris(r, "replicate_to"),
             peers=frozenset(_identities(r, "peers")),
             idle_for_s=300.0 if idle is None else idle,
+            links=_links(r),
             limits=Limits(**ints),
         )
 
@@ -129,6 +139,13 @@ def _uris(r: ObjectReader, name: str) -> tuple[str, ...]:
     if not r.has(name):
         return ()
     return tuple(check_uri(v, p) for p, v in r.items(name, max_items=64))
+
+
+def _links(r: ObjectReader) -> tuple[Link, ...]:
+    """The paths to holders the status reports (section 6.4 prices fetches only over reported links)."""
+    if not r.has("links"):
+        return ()
+    return tuple(Link.from_reader(item) for item in r.objects("links", max_items=MAX_LINKS))
 
 
 def _identities(r: ObjectReader, name: str) -> tuple[str, ...]:

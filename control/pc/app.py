@@ -28,7 +28,6 @@ from control.http import identity, json_response, not_found, read_json
 from control.index.app import status_board_of
 from control.metrics import metrics_of
 from control.pc.client import InstanceClient
-from control.pc.messages import GenerateRequest
 from control.pc.metrics import PcCollector, PcMetrics
 from control.pc.service import PlacementController
 from control.pc.settings import PcSettings
@@ -41,6 +40,7 @@ from kvsp.identifiers import check_role_id, role_id
 from kvsp.problems import Problem, ProblemError, ProblemType
 from kvsp.records import InstanceStatus, SessionCheckpoint, ShardMap
 from kvsp.records._common import MAX_SAFE_INT
+from kvsp.records.generation import GenerateRequest
 from kvsp.records.shard import MAX_MAP_ID
 
 PC: web.AppKey[PlacementController] = web.AppKey("kvsp.pc", PlacementController)

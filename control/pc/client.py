@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from urllib.parse import quote, urljoin
 
-from control.pc.messages import StartSession
 from kvsp.client.http import KvspSession
 from kvsp.errors import ValidationError
-from kvsp.records import PrefetchDirective, ReshardMessage, ReshardPlan, SessionCheckpoint, StateChange
+from kvsp.records import PrefetchDirective, ReshardMessage, ReshardPlan, StateChange
+from kvsp.records.generation import ResumeRequest, StartSession
 
 ACCEPTED = (200, 202)
 
@@ -43,17 +43,17 @@ class InstanceClient:
         await self.session.request_json("POST", self.url(instance, f"sessions/{quote(start.session)}/start"),
                                         start, ok=ACCEPTED, timeout_s=self.timeout_s)
 
-    async def resume(self, instance: str, checkpoint: SessionCheckpoint, max_tokens: int | None) -> None:
+    async def resume(self, instance: str, resume: ResumeRequest, *, timeout_s: float | None = None) -> None:
         """POST sessions/{session}/resume (section 6.8) with the checkpoint at its new epoch.
 
         ``max_tokens`` of the original request travels as an extension member (unknown members are
-        ignored by the spec's rule), because the Session Checkpoint does not say when to stop.
+        ignored by the spec's rule), because the Session Checkpoint does not say when to stop.  The
+        instance answers only after loading the checkpoint's prompt blocks, so the caller may give a
+        longer bound than the call timeout.
         """
-        body = checkpoint.to_json()
-        if max_tokens is not None:
-            body["max_tokens"] = max_tokens
-        await self.session.request_json("POST", self.url(instance, f"sessions/{quote(checkpoint.session)}/resume"),
-                                        body, ok=ACCEPTED, timeout_s=self.timeout_s)
+        url = self.url(instance, f"sessions/{quote(resume.checkpoint.session)}/resume")
+        await self.session.request_json("POST", url, resume.to_json(), ok=ACCEPTED,
+                                        timeout_s=timeout_s or self.timeout_s)
 
     async def reshard(self, instance: str, message: ReshardMessage) -> None:
         """POST reshard (section 6.9).  A plan is answered only after its fetches, so its wait is

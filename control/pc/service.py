@@ -51,7 +51,6 @@ from control.pc.core import (
     StatusDiscarded,
     Wake,
 )
-from control.pc.messages import GenerateRequest, SessionInfo, SessionState, StartSession
 from control.pc.metrics import PcMetrics
 from control.pc.settings import PcSettings
 from control.pc.tasks import Background, backoff_s
@@ -72,6 +71,7 @@ from kvsp.records import (
     StateChange,
 )
 from kvsp.records._common import MAX_URIS
+from kvsp.records.generation import GenerateRequest, ResumeRequest, SessionInfo, SessionState, StartSession
 from kvsp.registry import InstanceState
 
 log = logging.getLogger("kvsp.pc")
@@ -439,7 +439,9 @@ class PlacementController:
                                  meta.prompt, meta.max_tokens, checkpoint.sampler)
             await self.instances.start(action.instance, start)
             return
-        await self.instances.resume(action.instance, checkpoint, None if meta is None else meta.max_tokens)
+        max_tokens = None if meta is None else max(meta.max_tokens, checkpoint.output_offset)
+        await self.instances.resume(action.instance, ResumeRequest(checkpoint, max_tokens),
+                                    timeout_s=self.settings.resume_timeout_s)
 
     # -- resharding (section 6.9) -----------------------------------------------------------------
     def reshard(self, new: ShardMap, deadline_ms: int, now: float) -> str:

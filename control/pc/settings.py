@@ -8,6 +8,7 @@
     status_check_interval_ms = 250         # how often expiry, reshard deadlines and retries are checked
     mean_service_ms = 0.0                  # mean service time per queued request (wait_us of section 6.4)
     call_timeout_ms = 5000                 # bound on every call to an instance or the IS
+    resume_timeout_ms = 15000              # bound on a resume: > the instance's load_timeout_ms (it loads first)
     reshard_deadline_ms = 2000             # deadline_ms of reshard plans (POST maps/{map} may override)
     operators = ["https://ops.example/"]   # identities besides the PC's own that may POST maps/{map}
     instances = ["https://ii1.example/"]   # optional allow-list of instances that may report status
@@ -36,11 +37,15 @@ from kvsp.records.session import MAX_PARAM_STRING
 
 DEFAULT_CHECK_INTERVAL_MS: Final = 250
 DEFAULT_CALL_TIMEOUT_MS: Final = 5_000
+# An instance answers a resume only after loading the checkpoint's prompt blocks, bounded by its
+# ``load_timeout_ms`` (10 s by default) plus about a second of lookup: the PC waits longer than that.
+DEFAULT_RESUME_TIMEOUT_MS: Final = 15_000
 DEFAULT_RESHARD_DEADLINE_MS: Final = 2_000
 MAX_LIST: Final = 1024
 KNOWN_KEYS: Final = frozenset({
     "index", "scope_keys", "descriptors", "min_active", "status_check_interval_ms", "mean_service_ms",
-    "call_timeout_ms", "reshard_deadline_ms", "operators", "instances", "deterministic_methods",
+    "call_timeout_ms", "resume_timeout_ms", "reshard_deadline_ms", "operators", "instances",
+    "deterministic_methods",
 })
 IDENTITY_SCHEMES: Final = frozenset({"https", "moqt"})
 
@@ -56,6 +61,7 @@ class PcSettings:
     status_check_interval_ms: int = DEFAULT_CHECK_INTERVAL_MS
     mean_service_ms: float = 0.0
     call_timeout_ms: int = DEFAULT_CALL_TIMEOUT_MS
+    resume_timeout_ms: int = DEFAULT_RESUME_TIMEOUT_MS
     reshard_deadline_ms: int = DEFAULT_RESHARD_DEADLINE_MS
     operators: frozenset[str] = frozenset()
     instances: frozenset[str] | None = None
@@ -68,6 +74,10 @@ class PcSettings:
     @property
     def call_timeout_s(self) -> float:
         return self.call_timeout_ms / 1000
+
+    @property
+    def resume_timeout_s(self) -> float:
+        return self.resume_timeout_ms / 1000
 
     @classmethod
     def from_config(cls, config: RoleConfig) -> PcSettings:
@@ -89,6 +99,7 @@ class PcSettings:
             status_check_interval_ms=_int(r, "status_check_interval_ms", DEFAULT_CHECK_INTERVAL_MS, minimum=1),
             mean_service_ms=r.optional("mean_service_ms", lambda n: r.number(n, maximum=1e9)) or 0.0,
             call_timeout_ms=_int(r, "call_timeout_ms", DEFAULT_CALL_TIMEOUT_MS, minimum=1),
+            resume_timeout_ms=_int(r, "resume_timeout_ms", DEFAULT_RESUME_TIMEOUT_MS, minimum=1),
             reshard_deadline_ms=_int(r, "reshard_deadline_ms", DEFAULT_RESHARD_DEADLINE_MS, minimum=1),
             operators=r.optional("operators", lambda n: _identities(r, n)) or frozenset(),
             instances=instances,

@@ -8,6 +8,17 @@ member (``"residency[1].layers"``); unknown members are ignored.  Binary identif
 """
 
 from kvsp.records._common import DEFAULT_MAX_KEYS, JsonRecord, KeyedRecord, LayerRange, TokenRange
+from kvsp.records.generation import (
+    GenerateRequest,
+    ResumeRequest,
+    SessionInfo,
+    SessionState,
+    StartSession,
+    StreamEnd,
+    StreamLine,
+    TokenEvent,
+    parse_stream_line,
+)
 from kvsp.records.lease import Lease, LeaseRenewal, LeaseRequest, LeaseResponse
 from kvsp.records.lifecycle import StateChange
 from kvsp.records.lookup import LookupRequest, LookupResponse, TargetEstimate
@@ -30,6 +41,7 @@ from kvsp.records.status import InstanceStatus, Link
 __all__ = [
     "DEFAULT_MAX_KEYS",
     "STORAGE_TIERS",
+    "GenerateRequest",
     "InstanceStatus",
     "JsonRecord",
     "KeyedRecord",
@@ -52,15 +64,23 @@ __all__ = [
     "ReshardMessage",
     "ReshardPlan",
     "Residency",
+    "ResumeRequest",
     "Sampler",
     "SessionCheckpoint",
+    "SessionInfo",
+    "SessionState",
     "Shard",
     "ShardFetch",
     "ShardMap",
+    "StartSession",
     "StateChange",
+    "StreamEnd",
+    "StreamLine",
     "TargetEstimate",
+    "TokenEvent",
     "TokenRange",
     "digest_of_layers",
     "parse_reshard_message",
+    "parse_stream_line",
     "plan_reshard",
 ]

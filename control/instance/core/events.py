@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvsp.records import TokenRange
+from kvsp.records.generation import TokenEvent
 
 # -- lifecycle (section 6.3) ----------------------------------------------------------------------
 
@@ -51,13 +52,9 @@ PrefetchAction = LoadBlock | CancelLoads
 # -- generation (section 6.8) ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class OutputToken:
-    """One output token as the front end receives it: its index in the output and the session epoch."""
-
-    index: int
-    epoch: int
-    token: int
+# One output token as the front end receives it (index in the output, session epoch, token): the
+# shared extension record, so that the gate, the stream and the front end's assembler agree on it.
+OutputToken = TokenEvent
 
 
 # -- resharding (section 6.9) ---------------------------------------------------------------------

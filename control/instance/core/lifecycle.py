@@ -10,7 +10,13 @@ which moves exist.  Rules enforced:
 - it asks to sleep (``requested_state = "sleeping"``) only after its load stayed at or below
   ``idle_load`` for ``idle_for_s`` seconds; a refusal restarts that wait, so it does not ask on
   every status;
-- a sleeping instance becomes active only on a state change from the PC.
+- a sleeping instance becomes active only on a state change from the PC;
+- when the PC refuses a status because it declared this incarnation failed (kvsp-invalid-state: the
+  instance was partitioned or frozen past its ttl, and its sessions were moved at higher epochs), the
+  instance starts a new incarnation: a higher epoch, active, no sessions of its own.  Runs of the old
+  incarnation still going are left to the epoch fence: their next checkpoint is answered
+  kvsp-stale-epoch and stops them, and a non-deterministic one releases nothing until then.  Without
+  this the instance would stay refused, and idle, for the rest of its life.
 """
 
 from __future__ import annotations
@@ -86,6 +92,18 @@ class InstanceLifecycle:
         if answer.state is self.state:
             return []
         return self.on_state_change(answer, now)
+
+    def on_status_refused(self, kind: ProblemType | None, epoch: int) -> list[ReportStatus]:
+        """The PC refused a status PUT with problem type ``kind``.  kvsp-invalid-state means this
+        incarnation was declared failed: restart as a new one at ``epoch`` (or one above the current
+        epoch, whichever is higher; the adapter passes the time in ms, as at start-up)."""
+        if kind is not ProblemType.INVALID_STATE:
+            return []
+        self.epoch = max(epoch, self.epoch + 1)
+        self.state = _ACTIVE
+        self._sessions.clear()
+        self._idle_since, self._asked = None, False
+        return [ReportStatus(f"restarted as incarnation {self.epoch}: the PC declared the previous one failed")]
 
     # -- status --------------------------------------------------------------------------------
     def observe_load(self, load: int, now: float) -> None:

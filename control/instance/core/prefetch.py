@@ -16,7 +16,9 @@ the leasing, loading and publishing that the returned `LoadBlock` actions ask fo
   request is then served with the loaded prefix and the rest is recomputed;
 - a directive whose blocks all settle is "complete" when all loaded, "partial" when a prefix loaded,
   and "failed" when not even the first block did.
-- finished directives stay readable (GET prefetch/{id}) until ``max_finished`` newer ones push them out.
+- finished directives stay readable (GET prefetch/{id}) until ``max_finished`` newer ones push them out;
+- a directive whose ``request_ref`` names a session (the PC sets it to the session ID) is found by
+  `for_request`: that session's start waits for it and is then served with the prefix it loaded.
 """
 
 from __future__ import annotations
@@ -158,6 +160,13 @@ class PrefetchTracker:
                     out.append(CancelLoads(entry.directive.directive, rest))
         self._trim()
         return out
+
+    def for_request(self, request_ref: str) -> PrefetchStatus | None:
+        """The newest directive sent for ``request_ref`` (the PC's session ID), or None."""
+        for entry in reversed(self._directives.values()):
+            if entry.directive.request_ref == request_ref:
+                return self.status(entry.directive.directive)
+        return None
 
     # -- GET prefetch/{id} ---------------------------------------------------------------------
     def status(self, directive_id: str) -> PrefetchStatus:

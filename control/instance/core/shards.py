@@ -86,6 +86,11 @@ class ShardStore:
         return merge_ranges(s.tokens for s in self._segments)
 
     @property
+    def held_bytes(self) -> int:
+        """Octets of the authoritative version held here."""
+        return sum(s.data.nbytes for s in self._segments)
+
+    @property
     def staged_bytes(self) -> int:
         """Octets fetched for a version not yet committed (0 when no plan is in progress)."""
         return 0 if self._pending is None else self._pending.staged_bytes

@@ -1,0 +1,391 @@
+"""Shared pieces of the system tests: the PC, the instances and a cache holder as REAL processes.
+
+``kvsp serve pc,is`` (the PC combined with the IS), two ``kvsp serve instance,holder`` processes and one
+``kvsp serve holder`` (the cache holder the instances replicate computed blocks to, so that a session's
+prompt blocks survive the instance that computed them) run on loopback with mutual TLS, each from a
+TOML file written by the test, with certificates of a dev PKI made at test time.  The engine is
+``DeterministicTestEngine``, so the output of any run can be compared with the engine run directly.
+
+`FrontEnd` is what a front end does with the kvsp extension resources: ``POST requests`` at the PC,
+then ``GET sessions/{s}/tokens`` at the owner; when the stream breaks or stalls it asks the PC
+``GET sessions/{s}`` for the current owner and epoch and reconnects there with ``from = next index``,
+feeding every line to `control.instance.core.OutputAssembler`.
+
+(A module of helpers, named like a test module so that it sits with the system tests; it has no tests.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from control.instance.core import OutputAssembler
+from kvsp.descriptor import CompatDescriptor
+from kvsp.engine import DeterministicTestEngine, EngineGeometry
+from kvsp.records import Sampler
+from kvsp.records.generation import SessionInfo, StreamEnd, TokenEvent, parse_stream_line
+from tests.support import DevPki
+from tests.test_instance_support import DESCRIPTOR, GEOMETRY, SCOPE, SCOPE_KEY, VOCAB
+
+REPO = Path(__file__).resolve().parent.parent
+NAMES = ("pc", "h1", "ii1", "ii2", "ii3", "fe")
+INSTANCES = ("ii1", "ii2")
+ROLES = {"pc": "pc,is", "h1": "holder", "ii1": "instance,holder", "ii2": "instance,holder", "ii3": "instance,holder"}
+JSON = "application/kvsp+json"
+LINK_MBIT_PER_S = 10_000.0  # the paths every instance reports (loopback): to the cache holder and its peer
+LINK_RTT_US = 100
+TomlValue = object  # str, int, float, bool, and arrays and inline tables of them
+
+
+def child_env() -> dict[str, str]:
+    """The role processes import kvsp from this checkout, installed or not."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{path}" if path else str(REPO)}
+
+
+def geometry_of(model: CompatDescriptor) -> EngineGeometry:
+    """The test engine's geometry for ``model`` (the instances' ``vocab_size`` is VOCAB)."""
+    return EngineGeometry(layers=model.layers, kv_heads=model.kv_heads, head_dim=model.head_dim,
+                          block_tokens=model.block_tokens, vocab_size=VOCAB, kv_dtype=model.kv_dtype)
+
+
+def reference_tokens(prompt: Sequence[int], n: int, sampler: Sampler, geometry: EngineGeometry = GEOMETRY) -> list[int]:
+    """What DeterministicTestEngine produces run directly, without any instance or failure."""
+    engine = DeterministicTestEngine(geometry, sampler)
+    out = [engine.prefill(prompt).token]
+    while len(out) < n:
+        out.append(engine.decode_step().token)
+    return out
+
+
+def generate_body(prompt: Sequence[int], max_tokens: int, sampler: Sampler,
+                  model: CompatDescriptor = DESCRIPTOR) -> dict[str, object]:
+    return {"scope_id": SCOPE.hex(), "compat_id": model.compat_id.hex(), "prompt": list(prompt),
+            "max_tokens": max_tokens,
+            "sampler": {"method": sampler.method, "params": dict(sampler.params), "seed": sampler.seed}}
+
+
+# -- configuration files -------------------------------------------------------------------------------
+def _toml(value: TomlValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, Sequence):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(f"no TOML for {value!r}")
+
+
+def _table(name: str, values: Mapping[str, TomlValue]) -> str:
+    return f"[{name}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in values.items())
+
+
+@dataclass
+class Settings:
+    """Per-test overrides of the ``[pc]``, ``[instance]`` (both instances, or one by name) and ``[holder]``
+    tables; the defaults give fast failure detection on loopback."""
+
+    pc: dict[str, TomlValue] = field(default_factory=dict)
+    instance: dict[str, TomlValue] = field(default_factory=dict)
+    per_instance: dict[str, dict[str, TomlValue]] = field(default_factory=dict)
+    holder: dict[str, TomlValue] = field(default_factory=dict)
+    link_mbit_per_s: float = LINK_MBIT_PER_S  # what the instances report for their paths (section 6.4)
+    operators: tuple[str, ...] = ()  # names that may POST maps/{map} at the PC besides the PC
+    model: CompatDescriptor = DESCRIPTOR  # the one model every role serves
+    shard_writers: tuple[str, ...] = ()  # names that may GET and PUT shards/{map} besides the instances
+
+
+def write_configs(pki: DevPki, tmp: Path, settings: Settings, instances: Sequence[str] = INSTANCES) -> None:
+    model, key = str(tmp / "model.json"), str(tmp / "scope.key")
+    (tmp / "model.json").write_text(json.dumps(settings.model.to_json()))
+    (tmp / "scope.key").write_text(SCOPE_KEY.secret().hex())
+    grants = json.dumps([pki.uri(n) for n in NAMES])
+    (tmp / "policy.toml").write_text(f'pc = "{pki.uri("pc")}"\n[[scope]]\nid = "{SCOPE.hex()}"\n'
+                                     f"lookup = {grants}\nread = {grants}\nstore = {grants}\n")
+
+    def head(name: str, roles: list[str]) -> str:
+        return (f"roles = {_toml(roles)}\npolicy = \"policy.toml\"\n"
+                + _table("server", {"base_uri": pki.uri(name)})
+                + _table("tls", {"cert": f"{name}.pem", "key": f"{name}.key", "ca": "ca.pem"}))
+
+    holder: dict[str, TomlValue] = {"index": pki.uri("pc"), "descriptors": [model], "replica_ttl_ms": 60_000,
+                                    **settings.holder}
+    pc: dict[str, TomlValue] = {"scope_keys": {SCOPE.hex(): key}, "descriptors": [model],
+                                "status_check_interval_ms": 50, "call_timeout_ms": 3000,
+                                "operators": [pki.uri(n) for n in settings.operators], **settings.pc}
+    (tmp / "pc.toml").write_text(head("pc", ["pc", "is"]) + _table("is", {"descriptors": [model]})
+                                 + _table("pc", pc))
+    (tmp / "h1.toml").write_text(head("h1", ["holder"]) + _table("holder", holder))
+    for name in instances:
+        instance: dict[str, TomlValue] = {
+            "pc": pki.uri("pc"), "index": pki.uri("pc"), "engine": "test", "vocab_size": VOCAB,
+            "scope_keys": {SCOPE.hex(): key}, "replicate_to": [pki.uri("h1")], "status_ttl_ms": 1500,
+            "peers": [pki.uri(n) for n in (*instances, *settings.shard_writers)],
+            "load_timeout_ms": 5000, "final_ack_timeout_ms": 10_000,
+            "links": [{"holder": pki.uri(h), "mbit_per_s": settings.link_mbit_per_s, "rtt_us": LINK_RTT_US}
+                      for h in ("h1", *instances) if h != name],
+            **settings.instance, **settings.per_instance.get(name, {})}
+        (tmp / f"{name}.toml").write_text(head(name, ["instance", "holder"]) + _table("holder", holder)
+                                          + _table("instance", instance))
+
+
+# -- processes ---------------------------------------------------------------------------------------
+def port_of(uri: str) -> int:
+    return int(uri.split(":")[2].split("/", maxsplit=1)[0])
+
+
+@dataclass
+class System:
+    """The running processes, the PKI, and HTTPS clients by identity."""
+
+    pki: DevPki
+    tmp: Path
+    procs: dict[str, subprocess.Popen[bytes]]
+    model: CompatDescriptor = DESCRIPTOR
+    http: dict[str, aiohttp.ClientSession] = field(default_factory=dict)
+
+    @property
+    def geometry(self) -> EngineGeometry:
+        return geometry_of(self.model)
+
+    def spawn(self, name: str) -> None:
+        """Start (or start again, as a new incarnation) the role process ``name``."""
+        with (self.tmp / f"{name}.log").open("ab") as log:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "kvsp.cli", "serve", ROLES[name], "--config", str(self.tmp / f"{name}.toml")],
+                stdout=subprocess.DEVNULL, stderr=log, cwd=self.tmp, env=child_env())
+
+    async def restart(self, name: str) -> None:
+        """Start a killed instance again and wait until the PC counts every instance as active."""
+        _stop(self.procs[name])
+        self.spawn(name)
+        await _wait_listening(self.pki, name, self.procs[name], self.tmp / f"{name}.log")
+        await self.wait_active([n for n in self.procs if n in ROLES and ROLES[n].startswith("instance")])
+
+    def uri(self, name: str) -> str:
+        return self.pki.uri(name)
+
+    def name_of(self, uri: str | None) -> str | None:
+        return next((n for n, u in self.pki.uris.items() if u == uri), None)
+
+    def log(self, name: str) -> str:
+        path = self.tmp / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def signal(self, name: str, sig: signal.Signals) -> float:
+        """Send ``sig`` to a role process; the monotonic time it was sent."""
+        when = time.monotonic()
+        self.procs[name].send_signal(sig)
+        return when
+
+    async def metrics(self, name: str, who: str = "fe") -> dict[str, float]:
+        """The role's Prometheus samples, ``{'name{labels}': value}``."""
+        async with self.http[who].get(self.uri(name) + "metrics") as resp:
+            assert resp.status == 200, await resp.text()
+            text = await resp.text()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    async def metric(self, name: str, sample: str, who: str = "fe") -> float:
+        return (await self.metrics(name, who)).get(sample, 0.0)
+
+    async def wait_for(self, check: Callable[[], Awaitable[bool]], what: str, timeout: float = 20.0,
+                       every: float = 0.05) -> None:
+        """Poll ``check`` until true."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if await check():
+                return
+            await asyncio.sleep(every)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    async def wait_active(self, names: Sequence[str] = INSTANCES, timeout: float = 30.0) -> None:
+        """Until the PC counts ``names`` as active instances (their first status reached it)."""
+        async def ready() -> bool:
+            return await self.metric("pc", 'kvsp_pc_instances{state="active"}') >= len(names)
+        await self.wait_for(ready, f"{names} active at the PC", timeout)
+
+
+async def _wait_listening(pki: DevPki, name: str, proc: subprocess.Popen[bytes], log: Path,
+                          timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{name} exited with {proc.returncode}: {log.read_text(errors='replace')[-3000:]}")
+        with contextlib.suppress(OSError):
+            _, writer = await asyncio.open_connection("127.0.0.1", port_of(pki.uri(name)))
+            writer.close()
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{name} did not start listening")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a role process, frozen or not, and reap it: no orphan outlives a test."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+
+
+@contextlib.asynccontextmanager
+async def running_system(tmp: Path, settings: Settings | None = None, *,
+                         instances: Sequence[str] = INSTANCES) -> AsyncIterator[System]:
+    """Start the role processes (all at once), wait until they listen and the PC sees the instances."""
+    settings = settings or Settings()
+    pki = DevPki.make(tmp, list(NAMES))
+    write_configs(pki, tmp, settings, instances)
+    system = System(pki, tmp, {}, settings.model)
+    try:
+        for name in ("pc", "h1", *instances):
+            system.spawn(name)
+        for name, proc in system.procs.items():
+            await _wait_listening(pki, name, proc, tmp / f"{name}.log")
+        for who in ("fe", "pc"):
+            connector = aiohttp.TCPConnector(ssl=pki.client_ssl(who))
+            system.http[who] = aiohttp.ClientSession(connector=connector)
+        await system.wait_active(instances)
+        yield system
+    except BaseException:
+        for name in system.procs:  # pytest shows this for a failed test
+            print(f"--- {name}.log (tail) ---\n{system.log(name)[-4000:]}")
+        raise
+    finally:
+        for session in system.http.values():
+            await session.close()
+        for proc in system.procs.values():
+            _stop(proc)
+        assert all(proc.returncode is not None for proc in system.procs.values()), "a role process outlived its test"
+
+
+# -- the front end -------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """One line as the front end read it: when, from which instance."""
+
+    at: float
+    instance: str
+    line: TokenEvent | StreamEnd
+
+
+@dataclass
+class Output:
+    """What the front end received for one session."""
+
+    delivered: list[TokenEvent] = field(default_factory=list)  # what the assembler delivered, in order
+    delivered_at: list[float] = field(default_factory=list)
+    lines: list[Seen] = field(default_factory=list)  # every line read, duplicates included
+    end: StreamEnd | None = None
+    reconnects: list[tuple[float, SessionInfo]] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t.token for t in self.delivered]
+
+    def first_delivery_after(self, when: float) -> float | None:
+        return next((at for at in self.delivered_at if at > when), None)
+
+
+OnToken = Callable[[Output], Awaitable[None]]
+
+
+class FrontEnd:
+    """A front end with its own identity ("fe"): requests at the PC, token streams at the owners."""
+
+    def __init__(self, system: System, *, stall_s: float = 0.5, poll_s: float = 0.05) -> None:
+        self.system = system
+        self.http = system.http["fe"]
+        self.stall_s = stall_s
+        self.poll_s = poll_s
+
+    async def generate(self, prompt: Sequence[int], max_tokens: int, sampler: Sampler) -> SessionInfo:
+        request = generate_body(prompt, max_tokens, sampler, self.system.model)
+        url = self.system.uri("pc") + "requests"
+        async with self.http.post(url, json=request, headers={"Content-Type": JSON}) as resp:
+            body = await resp.read()
+            assert resp.status == 200, body
+        return SessionInfo.from_bytes(body)
+
+    async def info(self, session: str) -> SessionInfo:
+        async with self.http.get(self.system.uri("pc") + f"sessions/{session}") as resp:
+            body = await resp.read()
+            assert resp.status == 200, body
+        return SessionInfo.from_bytes(body)
+
+    async def receive(self, info: SessionInfo, *, timeout_s: float = 40.0, on_token: OnToken | None = None) -> Output:
+        """Follow the session to its end line, across failovers; ``on_token(output)`` after each delivery."""
+        out, assembler = Output(), OutputAssembler()
+        async with asyncio.timeout(timeout_s):
+            while out.end is None:
+                if info.instance is not None:
+                    await self._stream(info, assembler, out, on_token)
+                if out.end is not None:
+                    break
+                info = await self._next_owner(info, out)
+        return out
+
+    async def _next_owner(self, was: SessionInfo, out: Output) -> SessionInfo:
+        """Ask the PC until the session has an owner; a new (instance, epoch), or the same one again
+        after a while (the stream may have broken without a failover)."""
+        started = time.monotonic()
+        while True:
+            info = await self.info(was.session)
+            moved = (info.instance, info.epoch) != (was.instance, was.epoch)
+            if info.instance is not None and (moved or time.monotonic() - started > 1.0):
+                out.reconnects.append((time.monotonic(), info))
+                return info
+            await asyncio.sleep(self.poll_s)
+
+    async def _stream(self, info: SessionInfo, assembler: OutputAssembler, out: Output,
+                      on_token: OnToken | None) -> None:
+        """Read one stream until it ends, breaks, or stalls while the PC names another owner."""
+        assert info.instance is not None
+        url = info.instance + f"sessions/{info.session}/tokens?from={assembler.next_index}"
+        name = self.system.name_of(info.instance) or info.instance
+        with contextlib.suppress(aiohttp.ClientError, ConnectionError):
+            async with self.http.get(url, timeout=aiohttp.ClientTimeout(total=None, connect=2.0)) as resp:
+                if resp.status != 200:
+                    await asyncio.sleep(self.poll_s)
+                    return
+                while True:
+                    try:
+                        raw = await asyncio.wait_for(resp.content.readline(), self.stall_s)
+                    except TimeoutError:
+                        now = await self.info(info.session)
+                        if (now.instance, now.epoch) != (info.instance, info.epoch):
+                            return  # this owner is gone or fenced: abandon its stream
+                        continue
+                    if not raw:
+                        return
+                    line = parse_stream_line(raw)
+                    now_t = time.monotonic()
+                    out.lines.append(Seen(now_t, name, line))
+                    if isinstance(line, StreamEnd):
+                        if line.epoch >= assembler.epoch:
+                            out.end = line
+                        return
+                    for token in assembler.receive(line):
+                        out.delivered.append(token)
+                        out.delivered_at.append(now_t)
+                    if on_token is not None:
+                        await on_token(out)
