@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 SUITES = ["bench_keys", "bench_container", "bench_index", "bench_holder", "bench_client", "bench_placement",
-          "bench_quic", "bench_failover"]
+          "bench_quic", "bench_failover", "bench_moqt"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,7 @@ from typing import Final
 from aiohttp import hdrs, web
 
 from control.config import RoleConfig
+from control.holder import moqt
 from control.holder.metrics import HolderMetrics
 from control.holder.service import Holder, StoreFullError
 from control.holder.settings import HolderSettings
@@ -82,6 +83,7 @@ def setup(app: web.Application, config: RoleConfig) -> None:
     app.router.add_put(base + "leases/{lease_id}", put_lease)
     app.router.add_delete(base + "leases/{lease_id}", delete_lease)
     app.cleanup_ctx.append(_lifecycle)
+    moqt.setup(app, config, app[HOLDER])  # [holder] moqt_listen: blocks over MOQT too (decision D3)
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:

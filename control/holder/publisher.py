@@ -108,6 +108,15 @@ class Publisher:
         self._metrics = metrics
         self._limit = asyncio.Semaphore(concurrency)
         self._tails: dict[BlockId, asyncio.Task[bool]] = {}
+        self._variants: list[tuple[str, Callable[[ReplicaRecord], ReplicaRecord]]] = []
+
+    def add_variant(self, holder: str, derive: Callable[[ReplicaRecord], ReplicaRecord]) -> None:
+        """Publish ``derive(record)`` beside every record, refreshed and withdrawn with it.
+
+        For the same replica served another way: the MOQT record whose holder is ``holder`` (a
+        ``moqt://`` URI) and whose namespace names this holder as the producer (decision D3).
+        """
+        self._variants.append((holder, derive))
 
     # -- operations ------------------------------------------------------------------------------
     def publish(self, block: BlockId) -> asyncio.Task[bool]:
@@ -171,6 +180,8 @@ class Publisher:
         sent = self._clock()
         try:
             stored = await self.index.publish(record)
+            for _, derive in self._variants:
+                await self.index.publish(derive(record))
         except (KvspError, OSError) as exc:
             self._metrics.index_failures.labels("publish").inc()
             log.warning("publishing %s failed: %s", block, exc)
@@ -187,7 +198,8 @@ class Publisher:
         if self.index is None:
             return True
         try:
-            await self.index.withdraw(self.holder, block.block_key)
+            for holder in (self.holder, *(holder for holder, _ in self._variants)):
+                await self.index.withdraw(holder, block.block_key)
         except (KvspError, OSError) as exc:
             self._metrics.index_failures.labels("withdraw").inc()
             log.warning("withdrawing %s failed: %s", block, exc)

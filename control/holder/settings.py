@@ -10,6 +10,9 @@
     storage_capacity_octets = 107374182400
     encryption_key_file = "storage.key"      # AES-256-GCM key of local-storage (made if absent)
     withdraw_timeout_ms = 2000               # how long an eviction waits for the IS to confirm
+    moqt_listen = "127.0.0.1:4433"           # optional: also serve blocks over MOQT (UDP, decision D3)
+    moqt_uri = "moqt://127.0.0.1:4433/holder"  # the holder of the MOQT records; required with moqt_listen
+    moqt_token_keys = ["issuer.pub.pem"]     # optional: keys that sign AUTHORIZATION_TOKENs (ES256)
 
 Unknown keys are refused, so that a misspelt capacity fails at startup instead of silently taking
 the default.  Relative paths resolve against the configuration file's folder.
@@ -27,6 +30,7 @@ from kvsp._reader import ObjectReader
 from kvsp.descriptor import CompatDescriptor
 from kvsp.errors import ValidationError
 from kvsp.records._common import MAX_SAFE_INT, check_uri
+from moqt.quic import MoqtUri
 
 DEFAULT_REPLICA_TTL_MS: Final = 120_000
 DEFAULT_RETENTION_MS: Final = 3_600_000
@@ -37,6 +41,7 @@ DEFAULT_KEY_FILE: Final = "holder-storage.key"
 KNOWN_KEYS: Final = frozenset({
     "index", "descriptors", "replica_ttl_ms", "retention_ms", "host_capacity_octets", "storage_dir",
     "storage_capacity_octets", "encryption_key_file", "withdraw_timeout_ms",
+    "moqt_listen", "moqt_uri", "moqt_token_keys",
 })
 
 
@@ -53,6 +58,7 @@ class HolderSettings:
     storage_capacity_octets: int = DEFAULT_STORAGE_CAPACITY
     encryption_key_file: Path | None = None
     withdraw_timeout_ms: int = DEFAULT_WITHDRAW_TIMEOUT_MS
+    moqt: MoqtSettings | None = None
 
     @classmethod
     def from_config(cls, config: RoleConfig) -> HolderSettings:
@@ -77,10 +83,46 @@ class HolderSettings:
             storage_capacity_octets=_int(r, "storage_capacity_octets", DEFAULT_STORAGE_CAPACITY, minimum=1),
             encryption_key_file=key_file,
             withdraw_timeout_ms=_int(r, "withdraw_timeout_ms", DEFAULT_WITHDRAW_TIMEOUT_MS, minimum=1),
+            moqt=_moqt(r, config),
         )
         if settings.host_capacity_octets == 0 and storage is None:
             raise ValidationError("holder", "needs a tier: host_capacity_octets > 0 or storage_dir")
         return settings
+
+
+@dataclass(frozen=True, slots=True)
+class MoqtSettings:
+    """``moqt_listen``, ``moqt_uri`` and ``moqt_token_keys`` of ``[holder]`` (see docs/moqt.md)."""
+
+    host: str
+    port: int
+    uri: str
+    token_keys: tuple[Path, ...] = ()
+
+
+def _moqt(r: ObjectReader, config: RoleConfig) -> MoqtSettings | None:
+    listen = r.optional("moqt_listen", lambda n: r.str(n, max_length=300))
+    uri = r.optional("moqt_uri", lambda n: r.str(n, max_length=2048))
+    if listen is None and uri is None:
+        if r.has("moqt_token_keys"):
+            raise ValidationError("holder.moqt_token_keys", "needs moqt_listen and moqt_uri")
+        return None
+    if listen is None or uri is None:
+        raise ValidationError("holder.moqt_listen", "moqt_listen and moqt_uri go together")
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValidationError("holder.moqt_listen", "must be HOST:PORT")
+    try:
+        MoqtUri.parse(uri)
+    except ValueError as exc:
+        raise ValidationError("holder.moqt_uri", str(exc)) from exc
+    keys: list[Path] = []
+    if r.has("moqt_token_keys"):
+        for member, value in r.items("moqt_token_keys", max_items=64):
+            if not isinstance(value, str):
+                raise ValidationError(member, "must be a PEM public key file path")
+            keys.append(config.path(value))
+    return MoqtSettings(host.strip("[]") or "127.0.0.1", int(port), uri, tuple(keys))
 
 
 def _int(r: ObjectReader, name: str, default: int, *, minimum: int) -> int:

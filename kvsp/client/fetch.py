@@ -12,6 +12,11 @@ Why it looks like this:
   digest mismatch (discard, withdraw the replica on the holder's behalf, section 7), a transport failure
   or stall (the holder is then tried last for later blocks), a refusal — moves on to the next one.
   With none left the block is recomputed; nothing raises for a failed block and nothing waits forever.
+* With a `MoqtBlockClient` (``moqt=``), replicas whose holder is a ``moqt://`` publisher or relay compete
+  on the same cost estimate (decision D3): their layers are FETCHed, each checked against its layer
+  digest, without a lease (MOQT has none); any failure falls back down the same list, to HTTPS or to
+  recompute.  A moqt replica needs the token count for the container header: ``block_tokens``, or raw
+  layers and ``FetchOptions.geometry``.
 * Counters for section 8 (fetched versus recomputed tokens, digest failures, misses, lease rejections)
   accumulate in a plain `ClientStats` that a metrics exporter can read.
 """
@@ -28,12 +33,15 @@ from typing import Final
 from kvsp.client.holder import BlockMiss, HolderClient
 from kvsp.client.http import KvspSession, TransportError
 from kvsp.client.index import IndexClient
-from kvsp.client.ranking import LinkTable, full_range, needed_range, rank_replicas
+from kvsp.client.moqt import MoqtBlockClient, MoqtRefusedError
+from kvsp.client.ranking import HTTPS_AND_MOQT, HTTPS_ONLY, LinkTable, full_range, needed_range, rank_replicas
 from kvsp.client.verify import BlockCheck, ReprDigestMissingError, VerifiedBlock
 from kvsp.container import Container, Geometry, LayerRange, LayerView
 from kvsp.errors import ContainerError, DigestMismatchError, ValidationError
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import Lease, Link, LookupRequest, ReplicaRecord
+from kvsp.records._common import uri_scheme
+from kvsp.registry import Codec
 
 log = logging.getLogger("kvsp.client.fetch")
 
@@ -189,10 +197,12 @@ class BlockFetcher:
     """Find, lease, fetch and verify the leading cached blocks of a prompt (see the module docstring)."""
 
     def __init__(self, session: KvspSession, index: IndexClient | str, *, holder: HolderClient | None = None,
-                 options: FetchOptions | None = None, stats: ClientStats | None = None) -> None:
+                 options: FetchOptions | None = None, stats: ClientStats | None = None,
+                 moqt: MoqtBlockClient | None = None) -> None:
         self.session = session
         self.index = index if isinstance(index, IndexClient) else IndexClient(session, index)
         self.holder = holder or HolderClient(session)
+        self.moqt = moqt  # with it, moqt:// replicas are tried by cost beside https ones (decision D3)
         self.options = options or FetchOptions()
         self.stats = stats or ClientStats()
         self.links = LinkTable.of(self.options.links, default_mbit_per_s=self.options.default_mbit_per_s,
@@ -291,7 +301,9 @@ class BlockFetcher:
         """Try the block's replicas cheapest first; holders that failed in this fetch go last."""
         model_layers = self.options.geometry.layers if self.options.geometry else None
         needed = needed_range(group, run.layers, model_layers)
-        remaining = list(rank_replicas(group, self.links, layers=run.layers, model_layers=model_layers))
+        schemes = HTTPS_AND_MOQT if self.moqt is not None else HTTPS_ONLY
+        remaining = [r for r in rank_replicas(group, self.links, layers=run.layers, model_layers=model_layers,
+                                              schemes=schemes) if self._reachable(run, r)]
         while remaining and needed is not None:
             record = next((r for r in remaining if r.holder not in run.suspects), remaining[0])
             remaining.remove(record)
@@ -300,9 +312,17 @@ class BlockFetcher:
                 return loaded
         return None
 
+    def _reachable(self, run: _Run, record: ReplicaRecord) -> bool:
+        """A moqt replica needs the token count for the container header: B, or raw layers and the geometry."""
+        if uri_scheme(record.holder) != "moqt":
+            return True
+        return run.block_tokens is not None or (record.codec == Codec.RAW and self.options.geometry is not None)
+
     # -- one attempt -----------------------------------------------------------------------------------
     async def _attempt(self, run: _Run, index: int, record: ReplicaRecord,
                        needed: LayerRange) -> LoadedBlock | None:
+        if uri_scheme(record.holder) == "moqt":  # MOQT has no leases: the holder's retention applies
+            return await self._get(run, index, record, needed)
         proceed, lease = await self._lease(run, index, record)
         if not proceed:
             return None
@@ -336,14 +356,21 @@ class BlockFetcher:
             self._note(run, index, record, Outcome.BAD_RESPONSE, f"lease: {exc}")
         return False, None
 
-    async def _get(self, run: _Run, index: int, record: ReplicaRecord, needed: LayerRange) -> LoadedBlock | None:
+    async def _transfer(self, run: _Run, record: ReplicaRecord, needed: LayerRange) -> VerifiedBlock | BlockMiss:
+        """GET over HTTPS, or FETCH over MOQT for a moqt holder; every digest of section 6.7 checked."""
+        if self.moqt is not None and uri_scheme(record.holder) == "moqt":
+            return await self.moqt.fetch_block(record, layers=needed, token_count=run.block_tokens,
+                                               geometry=self.options.geometry)
         layers = None if needed == full_range(record) else needed
         check = BlockCheck.for_replica(record, layers=layers, token_count=run.block_tokens,
                                        geometry=self.options.geometry, max_size=self.holder.options.max_block_size)
+        return await self.holder.get_block(record.holder, run.compat_id, run.scope_id, record.block_key,
+                                           layers=layers, expect=check)
+
+    async def _get(self, run: _Run, index: int, record: ReplicaRecord, needed: LayerRange) -> LoadedBlock | None:
         try:
             async with asyncio.timeout(self.holder.options.block_timeout_s):
-                answer = await self.holder.get_block(record.holder, run.compat_id, run.scope_id, record.block_key,
-                                                     layers=layers, expect=check)
+                answer = await self._transfer(run, record, needed)
         except DigestMismatchError as exc:
             self._note(run, index, record, Outcome.DIGEST_MISMATCH, str(exc))
             await self._withdraw(record)
@@ -355,7 +382,7 @@ class BlockFetcher:
         except (ContainerError, ReprDigestMissingError) as exc:
             self._note(run, index, record, Outcome.BAD_RESPONSE, str(exc))
             return None
-        except ProblemError as exc:
+        except (ProblemError, MoqtRefusedError) as exc:
             self._note(run, index, record, Outcome.REJECTED, str(exc))
             return None
         if isinstance(answer, BlockMiss):

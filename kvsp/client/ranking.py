@@ -22,6 +22,8 @@ from kvsp.registry import Tier
 
 TIER_RANK: Final = {Tier.DEVICE: 0, Tier.HOST: 1, Tier.REMOTE_MEMORY: 2, Tier.LOCAL_STORAGE: 3,
                     Tier.REMOTE_STORAGE: 4}
+HTTPS_ONLY: Final = frozenset({"https"})
+HTTPS_AND_MOQT: Final = frozenset({"https", "moqt"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,18 +67,21 @@ def needed_range(group: Sequence[ReplicaRecord], layers: LayerRange | None,
     return max(ranges, key=lambda r: r.last, default=None)
 
 
-def eligible(record: ReplicaRecord, needed: LayerRange) -> bool:
+def eligible(record: ReplicaRecord, needed: LayerRange, schemes: frozenset[str] = HTTPS_ONLY) -> bool:
     """Whether this client can fetch ``needed`` from the replica and verify it (section 6.7).
 
-    Only https holders (MOQT replicas are read by the MOQT client).  A replica that holds the layers
-    but lists no layer digests is used only when ``needed`` is all of it, so that the replica digest
-    still vouches for the data: otherwise only the holder's own Repr-Digest would.
+    Only holders whose URI scheme is in ``schemes`` (``moqt`` replicas need a client with the MOQT
+    block client).  A replica that holds the layers but lists no layer digests is used only when
+    ``needed`` is all of it, so that the replica digest still vouches for the data: otherwise only the
+    holder's own Repr-Digest would.  Over MOQT every object is checked against its layer digest, so a
+    ``moqt`` replica without layer digests is never eligible.
     """
-    if uri_scheme(record.holder) != "https" or not record.holds(needed.first, needed.last):
+    scheme = uri_scheme(record.holder)
+    if scheme not in schemes or not record.holds(needed.first, needed.last):
         return False
     if record.layer_digests:
         return needed.last < len(record.layer_digests)
-    return full_range(record) == needed
+    return scheme == "https" and full_range(record) == needed
 
 
 def _clipped(record: ReplicaRecord, needed: LayerRange) -> tuple[Residency, ...]:
@@ -102,14 +107,15 @@ def slowest_tier(record: ReplicaRecord, needed: LayerRange) -> int:
 
 
 def rank_replicas(group: Sequence[ReplicaRecord], links: LinkTable, *, layers: LayerRange | None = None,
-                  model_layers: int | None = None) -> tuple[ReplicaRecord, ...]:
-    """The usable replicas of one block, cheapest first (see the module docstring)."""
+                  model_layers: int | None = None, schemes: frozenset[str] = HTTPS_ONLY) -> tuple[ReplicaRecord, ...]:
+    """The usable replicas of one block, cheapest first (see the module docstring), among the holders
+    reachable with ``schemes`` (https and moqt replicas compete on the same cost estimate)."""
     needed = needed_range(group, layers, model_layers)
     if needed is None:
         return ()
     scored = []
     for position, record in enumerate(group):
-        if eligible(record, needed):
+        if eligible(record, needed, schemes):
             cost = estimate_us(record, needed, links.to(record.holder))
             scored.append(((cost, slowest_tier(record, needed), position), record))
     scored.sort(key=lambda item: item[0])
