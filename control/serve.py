@@ -52,7 +52,12 @@ def build_app(config: RoleConfig, *, clock: Clock = time.monotonic, allow_insecu
     for role in roles or config.roles:
         if role not in ROLE_MODULES:
             raise ValidationError("roles", f"unknown role {role!r}; known: {list(KNOWN_ROLES)}")
-        module: RoleModule = importlib.import_module(ROLE_MODULES[role])
+        try:
+            module: RoleModule = importlib.import_module(ROLE_MODULES[role])
+        except ModuleNotFoundError as exc:
+            if exc.name != ROLE_MODULES[role]:
+                raise
+            raise ValidationError("roles", f"role {role!r} is not available in this version of kvsp") from exc
         module.setup(app, config)
     return app
 

@@ -146,3 +146,10 @@ def test_demo_walkthrough_runs(tmp_path: Path) -> None:
     assert "chosen: https://127.0.0.1:7001/ii/" in result.stdout
     assert "3 of 4 blocks matched, 3 loaded and verified" in result.stdout
     assert (tmp_path / "pki" / "ca.pem").exists()
+
+
+def test_serve_role_not_in_this_version_is_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "relay.toml"
+    config.write_text('roles = ["relay"]\n[server]\nbase_uri = "https://127.0.0.1:1/"\n'
+                      '[tls]\ncert = "a.pem"\nkey = "a.key"\nca = "ca.pem"\n')
+    assert_one_line_error(kvsp("serve", "relay", "--config", str(config)), "not available")
