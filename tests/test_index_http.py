@@ -364,6 +364,22 @@ async def test_targets_estimates_follow_placement(env: Env) -> None:
     assert estimate == placement.target_estimate(status, response.replicas, block_tokens=4, layers=32)
 
 
+async def test_several_targets_each_get_their_own_estimate(env: Env) -> None:
+    # One prepared set of blocks is shared by all targets: each answer must still be its own.
+    fast, slow = make_status(env, "ii7"), make_status(env, "ii9", prefill=10_000.0)
+    slow = InstanceStatus(**{**{f: getattr(slow, f) for f in slow.__dataclass_fields__},
+                             "links": (Link(env.uri("h1"), 50_000.0, 40),)})
+    for name, status in (("ii7", fast), ("ii9", slow)):
+        await env.raw(name, "PUT", status_url(env, name), status.to_bytes())
+    for i in range(2):
+        await env.client("h1").publish(make_record(env.uri("h1"), i))
+    request = LookupRequest(SCOPE, COMPAT, (key(0), key(1)), (env.uri("ii7"), env.uri("ii9")))
+    response = await env.client("pc").lookup(request)
+    expected = tuple(placement.target_estimate(s, response.replicas, block_tokens=4, layers=32) for s in (fast, slow))
+    assert response.targets == expected
+    assert expected[0] != expected[1]
+
+
 async def test_target_status_expires(env: Env) -> None:
     await env.raw("ii7", "PUT", status_url(env, "ii7"), make_status(env, "ii7").to_bytes())
     request = LookupRequest(SCOPE, COMPAT, (key(0),), (env.uri("ii7"),))

@@ -194,17 +194,20 @@ class IndexService:
 
     def _estimates(self, body: LookupRequest, groups: Groups, now: float) -> Iterable[TargetEstimate]:
         """section 6.4 estimates for each target whose status is known; the others are omitted."""
-        shape = self.settings.shape(body.compat_id) if body.targets else None
+        if not body.targets:
+            return
+        shape = self.settings.shape(body.compat_id)
+        # Each replica's facts are derived once per lookup, not once per target.
+        prepared = placement.PreparedBlocks(groups, layers=shape.layers if shape is not None else None)
         for target in body.targets:
             status = self.board.get(target, now)
             if status is None:
                 continue
             if shape is None:  # B unknown: the fetch time is still meaningful, recompute is not
-                fetch = placement.fetch_us(status, groups)
+                fetch = prepared.fetch_us(status)
                 yield TargetEstimate(target, fetch if math.isfinite(fetch) else None, None)
             else:
-                yield placement.target_estimate(status, groups, block_tokens=shape.block_tokens,
-                                                layers=shape.layers)
+                yield prepared.target_estimate(status, block_tokens=shape.block_tokens)
 
     async def put_status(self, request: web.Request) -> web.Response:
         """PUT instances/{instance-id}/status (section 6.3), when this process has no PC role.
