@@ -37,12 +37,12 @@ from control.holder.settings import HolderSettings
 from control.holder.store import BlockExistsError, BlockId, BlockMeta
 from control.holder.tiers import (
     DiskTier,
-    HostTier,
     StorageCorruptError,
     StorageMissingError,
     TierError,
     load_or_create_key,
 )
+from control.holder.tierset import memory_tiers
 from control.http import BLOCK_MEDIA_TYPE, identity, json_response, not_found, read_json, read_limited
 from control.metrics import metrics_of
 from control.serve import CLOCK, CONFIG
@@ -69,12 +69,12 @@ def setup(app: web.Application, config: RoleConfig) -> None:
     """Add the holder's routes, state and background work to ``app`` (see `control.serve`)."""
     settings = HolderSettings.from_config(config)
     metrics = HolderMetrics.register(metrics_of(app))
-    host = HostTier() if settings.host_capacity_octets > 0 else None
+    device, host = memory_tiers(settings)  # device only with CUDA; host as tensors with torch_tiers
     disk = None
     if settings.storage_dir is not None and settings.encryption_key_file is not None:
         disk = DiskTier(settings.storage_dir, load_or_create_key(settings.encryption_key_file))
     app[HOLDER] = Holder(settings, base_uri=config.server.base_uri, quotas=config.policy.quotas,
-                         clock=app[CLOCK], metrics=metrics, host=host, disk=disk)
+                         clock=app[CLOCK], metrics=metrics, host=host, disk=disk, device=device)
     base = config.server.base_path
     block = base + "blocks/{compat}/{scope}/{block_key}"
     app.router.add_get(block, get_block)
@@ -95,6 +95,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         if removed:
             log.info("removed %d block files left by an earlier process", removed)
         await asyncio.to_thread(holder.disk.calibrate)
+    await asyncio.to_thread(holder.tiers.calibrate)  # the torch tiers' copy rates (D5: measured)
     session: KvspSession | None = None
     if holder.settings.index is not None:
         session = KvspSession(client_context(config.tls) if config.tls is not None else None)

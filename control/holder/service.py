@@ -40,18 +40,20 @@ from control.holder.store import (
     Entry,
     Event,
     Evict,
+    Move,
     Place,
     Publish,
     Republish,
+    Segment,
     Withdraw,
 )
-from control.holder.tiers import DiskTier, HostTier, StorageCorruptError, StorageMissingError, TierError
+from control.holder.tiers import DiskTier, MemoryTier, StorageCorruptError, TierError
+from control.holder.tierset import TierSet
 from control.policy import Quotas
 from kvsp.container import ContainerHeader, LayerRange
 from kvsp.errors import KvspError
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import LeaseRenewal, LeaseRequest, ReplicaRecord, Residency
-from kvsp.records.replica import STORAGE_TIERS
 from kvsp.registry import Tier
 
 log = logging.getLogger("kvsp.holder")
@@ -79,8 +81,11 @@ class Holder:
     """Store, tiers, leases and publisher of one holder role."""
 
     def __init__(self, settings: HolderSettings, *, base_uri: str, quotas: Quotas, clock: Callable[[], float],
-                 metrics: HolderMetrics, host: HostTier | None, disk: DiskTier | None) -> None:
+                 metrics: HolderMetrics, host: MemoryTier | None, disk: DiskTier | None,
+                 device: MemoryTier | None = None) -> None:
         capacities: dict[Tier, int] = {}
+        if device is not None:
+            capacities[Tier.DEVICE] = settings.device_capacity_octets
         if host is not None:
             capacities[Tier.HOST] = settings.host_capacity_octets
         if disk is not None:
@@ -91,8 +96,11 @@ class Holder:
         self.metrics = metrics
         self.host = host
         self.disk = disk
+        self.device = device
+        self.tiers = TierSet(device=device, host=host, disk=disk)
         self.leases = LeaseTable(quotas)
-        self.store = BlockStore(capacities, retention_s=settings.retention_ms / 1000, pins=self.leases)
+        self.store = BlockStore(capacities, retention_s=settings.retention_ms / 1000, pins=self.leases,
+                                fast_layers=settings.fast_layers)
         self.publisher = Publisher(base_uri, self.record_of, clock, settings.replica_ttl_ms / 3000, metrics)
         self._mutex = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -103,10 +111,8 @@ class Holder:
 
     # -- records ---------------------------------------------------------------------------------
     def read_rate(self, tier: Tier) -> float | None:
-        """Measured read rate of a storage tier, Mbit/s, rounded to a whole number (None: unmeasured)."""
-        if tier is Tier.LOCAL_STORAGE and self.disk is not None and self.disk.rate.mbit_per_s is not None:
-            return float(max(1, round(self.disk.rate.mbit_per_s)))
-        return None
+        """Measured read rate of a tier, Mbit/s, rounded to a whole number (None: unmeasured)."""
+        return self.tiers.rate(tier)
 
     def record_of(self, block: BlockId) -> ReplicaRecord | None:
         """The replica record to publish now, or None when the block is no longer served."""
@@ -118,9 +124,7 @@ class Holder:
         if not self.store.is_leased(entry, now):  # never advertise beyond retention
             ttl_ms = min(ttl_ms, math.ceil(entry.remaining_s(now) * 1000))
         residency = tuple(
-            Residency(s.tier, (s.layers.first, s.layers.last),
-                      self.read_rate(s.tier) if s.tier in STORAGE_TIERS else None)
-            for s in entry.placement)
+            Residency(s.tier, (s.layers.first, s.layers.last), self.read_rate(s.tier)) for s in entry.placement)
         meta = entry.meta
         return ReplicaRecord(block.block_key, block.compat_id, block.scope_id, self.base_uri, meta.codec,
                              meta.size, meta.digest, residency, max(1, ttl_ms), meta.layer_digests)
@@ -167,35 +171,33 @@ class Holder:
     async def _apply_one(self, event: Event, incoming: Mapping[BlockId, memoryview],
                          withdrawals: Mapping[BlockId, asyncio.Task[bool]]) -> None:
         match event:
-            case Place(meta, Tier.HOST, _) if self.host is not None:
-                self.host.put(meta, incoming[meta.block])
-            case Place(meta, Tier.LOCAL_STORAGE, layers) if self.disk is not None:
-                data = incoming[meta.block][meta.header.header_length :]
-                await asyncio.to_thread(self.disk.write, meta, layers, data)
-            case Demote(meta, layers, Tier.HOST, Tier.LOCAL_STORAGE):
-                await self._demote(meta, layers)
+            case Place(meta, tier, layers):
+                await self.tiers.place(meta, tier, layers, incoming[meta.block])
+            case Demote(meta, layers, source, target):
+                await self.tiers.move(meta, layers, source, target)
+                self.metrics.demotions.inc()
+            case Move(meta, layers, source, target):
+                await self.tiers.move(meta, layers, source, target)
             case Withdraw():
                 pass  # started before the batch
             case Evict(block, reason):
                 await self._await_withdrawal(withdrawals.get(block))
-                if self.host is not None:
-                    self.host.drop(block)
-                if self.disk is not None:
-                    await asyncio.to_thread(self.disk.delete, block)
+                await self.tiers.drop(block)
                 self.metrics.evictions.labels(reason).inc()
             case Publish(block) | Republish(block):
                 self.publisher.publish(block)
             case _:
                 raise TierError(f"no tier to carry out {event}")
 
-    async def _demote(self, meta: BlockMeta, layers: LayerRange) -> None:
-        host, disk = self.host, self.disk
-        data = None if host is None else host.read(meta, layers)
-        if host is None or disk is None or data is None:
-            raise TierError(f"layers {layers} of {meta.block} are not in host memory")
-        await asyncio.to_thread(disk.write, meta, layers, data)
-        host.keep(meta, layers.first - 1 if layers.first > 0 else None)
-        self.metrics.demotions.inc()
+    async def arrange(self, block: BlockId, placement: tuple[Segment, ...]) -> bool:
+        """Move layers of a held block between tiers (promotion, demotion, a new split) and republish
+        its record with the new residency.  False when no room could be made; raises `KeyError` when
+        the block is not held and `PlacementError` for a placement the store cannot take."""
+        async with self._mutex:
+            outcome = self.store.arrange(block, placement, self.clock())
+            await self._apply(outcome.events, {})
+        self._update_gauges()
+        return outcome.done
 
     async def _await_withdrawal(self, task: asyncio.Task[bool] | None) -> None:
         if task is None:
@@ -215,8 +217,8 @@ class Holder:
         """
         meta = entry.meta
         whole = layers == meta.layers
-        if whole and self.host is not None:
-            stored = self.host.whole(meta)
+        if whole:
+            stored = self.tiers.whole(meta)
             if stored is not None:
                 return Representation((stored,), stored.nbytes, meta.repr_digest, True)
         header = meta.header if whole else _range_header(meta.header, layers)
@@ -242,14 +244,8 @@ class Holder:
         return digest
 
     async def _read(self, meta: BlockMeta, layers: LayerRange) -> memoryview:
-        if self.host is not None:
-            view = self.host.read(meta, layers)  # also while a demotion of these layers is in flight
-            if view is not None:
-                return view
-        if self.disk is None:
-            raise StorageMissingError(f"layers {layers} of {meta.block} are gone")
-        try:
-            return await asyncio.to_thread(self.disk.read, meta, layers)
+        try:  # from any tier holding them all: also while a move of these layers is in flight
+            return await self.tiers.read(meta, layers)
         except StorageCorruptError:
             self.metrics.digest_failures.labels("storage").inc()
             raise

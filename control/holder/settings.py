@@ -13,6 +13,12 @@
     moqt_listen = "127.0.0.1:4433"           # optional: also serve blocks over MOQT (UDP, decision D3)
     moqt_uri = "moqt://127.0.0.1:4433/holder"  # the holder of the MOQT records; required with moqt_listen
     moqt_token_keys = ["issuer.pub.pem"]     # optional: keys that sign AUTHORIZATION_TOKENs (ES256)
+    moqt_relay = "moqt://127.0.0.1:4443/relay"  # optional: publish through the rack relay (records name it)
+    torch_tiers = false                      # host tier as torch uint8 tensors (pinned with CUDA)
+    device_capacity_octets = 0               # device tier (CUDA memory); absent without CUDA
+    device = "cuda"                          # the torch device of the device tier
+    fast_layers = 0                          # > 0: the first N layers of a block on the fastest tier,
+                                             #   the rest on the next (spec section 4.4 split)
 
 Unknown keys are refused, so that a misspelt capacity fails at startup instead of silently taking
 the default.  Relative paths resolve against the configuration file's folder.
@@ -41,7 +47,8 @@ DEFAULT_KEY_FILE: Final = "holder-storage.key"
 KNOWN_KEYS: Final = frozenset({
     "index", "descriptors", "replica_ttl_ms", "retention_ms", "host_capacity_octets", "storage_dir",
     "storage_capacity_octets", "encryption_key_file", "withdraw_timeout_ms",
-    "moqt_listen", "moqt_uri", "moqt_token_keys",
+    "moqt_listen", "moqt_uri", "moqt_token_keys", "moqt_relay",
+    "torch_tiers", "device_capacity_octets", "device", "fast_layers",
 })
 
 
@@ -59,6 +66,10 @@ class HolderSettings:
     encryption_key_file: Path | None = None
     withdraw_timeout_ms: int = DEFAULT_WITHDRAW_TIMEOUT_MS
     moqt: MoqtSettings | None = None
+    torch_tiers: bool = False
+    device_capacity_octets: int = 0
+    device: str = "cuda"
+    fast_layers: int = 0
 
     @classmethod
     def from_config(cls, config: RoleConfig) -> HolderSettings:
@@ -84,6 +95,10 @@ class HolderSettings:
             encryption_key_file=key_file,
             withdraw_timeout_ms=_int(r, "withdraw_timeout_ms", DEFAULT_WITHDRAW_TIMEOUT_MS, minimum=1),
             moqt=_moqt(r, config),
+            torch_tiers=bool(r.optional("torch_tiers", r.bool)),
+            device_capacity_octets=_int(r, "device_capacity_octets", 0, minimum=0),
+            device=r.optional("device", lambda n: r.str(n, max_length=64)) or "cuda",
+            fast_layers=_int(r, "fast_layers", 0, minimum=0),
         )
         if settings.host_capacity_octets == 0 and storage is None:
             raise ValidationError("holder", "needs a tier: host_capacity_octets > 0 or storage_dir")
@@ -98,6 +113,7 @@ class MoqtSettings:
     port: int
     uri: str
     token_keys: tuple[Path, ...] = ()
+    relay: str | None = None  # moqt_relay: publish through this (rack) relay; records then name it
 
 
 def _moqt(r: ObjectReader, config: RoleConfig) -> MoqtSettings | None:
@@ -122,7 +138,13 @@ def _moqt(r: ObjectReader, config: RoleConfig) -> MoqtSettings | None:
             if not isinstance(value, str):
                 raise ValidationError(member, "must be a PEM public key file path")
             keys.append(config.path(value))
-    return MoqtSettings(host.strip("[]") or "127.0.0.1", int(port), uri, tuple(keys))
+    relay = r.optional("moqt_relay", lambda n: r.str(n, max_length=2048))
+    if relay is not None:
+        try:
+            MoqtUri.parse(relay)
+        except ValueError as exc:
+            raise ValidationError("holder.moqt_relay", str(exc)) from exc
+    return MoqtSettings(host.strip("[]") or "127.0.0.1", int(port), uri, tuple(keys), relay)
 
 
 def _int(r: ObjectReader, name: str, default: int, *, minimum: int) -> int:

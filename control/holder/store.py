@@ -1,7 +1,7 @@
 """Which blocks the holder keeps, in which tier, and what to give up under pressure (sans-I/O).
 
 `BlockStore` is bookkeeping only: it never touches bytes, sockets or the clock.  Callers pass ``now``
-and get back *events* (`Place`, `Demote`, `Withdraw`, `Evict`, `Publish`, `Republish`) that say what
+and get back *events* (`Place`, `Demote`, `Move`, `Withdraw`, `Evict`, `Publish`, `Republish`) that say what
 the adapter must do with the data and with the Index Service, in order.  That keeps every policy
 decision (LRU order, capacity, lease pinning, retention) testable without a disk or a server.
 
@@ -14,6 +14,12 @@ Rules the store guarantees:
   least recently used block move down one tier (`Demote`), only as many as are needed, so a reader
   can still start on the first layers from memory while the rest stream from disk.  Every change of
   residency is followed by `Republish`, so the Index Service sees the new split.
+* **Split on arrival** (``fast_layers`` N > 0): a new block's first N layers go to the fastest tier and
+  the rest to the next one, so the fast tier holds the start of many blocks (a reader computes on
+  layer l while layer l+1 arrives); the record reports the split (spec section 4.4).
+* **Explicit moves**: `arrange` gives a block a new split (promotion or demotion of any layer range,
+  still lower layers in faster tiers), making room like `put` does, and returns `Move` events and a
+  `Republish`.
 * **Leases pin.**  A block whose key is leased is never evicted by `put` or `expire`; it may only
   be demoted (moving data is not evicting it).  `force_evict` (a fault: the data is lost or must go)
   is the one path that evicts leased data, and it returns `Withdraw` first: the adapter completes the
@@ -42,6 +48,10 @@ EVICT_FAULT: Final = "fault"
 
 class StoreError(KvspError):
     """Root of the store's errors."""
+
+
+class PlacementError(StoreError):
+    """An arrangement the store cannot take: not contiguous, an absent tier, or slower below faster."""
 
 
 class BlockExistsError(StoreError):
@@ -192,6 +202,21 @@ class Demote:
 
 
 @dataclass(frozen=True, slots=True)
+class Move:
+    """Copy ``layers`` from ``source`` to ``target`` (up or down), then free them in ``source``: an
+    explicit promotion or demotion made by `BlockStore.arrange` (`Demote` is the capacity-driven kind)."""
+
+    meta: BlockMeta
+    layers: LayerRange
+    source: Tier
+    target: Tier
+
+    @property
+    def block(self) -> BlockId:
+        return self.meta.block
+
+
+@dataclass(frozen=True, slots=True)
 class Withdraw:
     """Withdraw the block's replica record from the Index Service (before its `Evict`)."""
 
@@ -220,7 +245,7 @@ class Republish:
     block: BlockId
 
 
-Event = Place | Demote | Withdraw | Evict | Publish | Republish
+Event = Place | Demote | Move | Withdraw | Evict | Publish | Republish
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +258,15 @@ class PutOutcome:
 
     events: tuple[Event, ...]
     tier: Tier | None
+
+
+@dataclass(frozen=True, slots=True)
+class ArrangeOutcome:
+    """The events of a `BlockStore.arrange`; ``done`` is False when there was no room (the events may
+    still move or evict other blocks while looking for it, and must be applied)."""
+
+    events: tuple[Event, ...]
+    done: bool
 
 
 class Pins(Protocol):
@@ -256,14 +290,20 @@ class BlockStore:
     """Entries keyed by `BlockId`, in LRU order across tiers, with per-tier capacities in octets.
 
     ``capacities`` lists the tiers fastest first (``{Tier.HOST: ..., Tier.LOCAL_STORAGE: ...}``);
-    data demotes from one tier to the next.
+    data demotes from one tier to the next.  ``fast_layers`` > 0 splits new blocks: the first
+    ``fast_layers`` layers in the fastest tier that takes them, the rest in the next tier.
     """
 
-    __slots__ = ("_by_key", "_capacity", "_entries", "_expiry", "_pins", "_retention_s", "_tiers", "_used")
+    __slots__ = ("_by_key", "_capacity", "_entries", "_expiry", "_fast_layers", "_pins", "_retention_s", "_tiers",
+                 "_used")
 
-    def __init__(self, capacities: Mapping[Tier, int], *, retention_s: float, pins: Pins = NO_PINS) -> None:
+    def __init__(self, capacities: Mapping[Tier, int], *, retention_s: float, pins: Pins = NO_PINS,
+                 fast_layers: int = 0) -> None:
         if not capacities or any(c < 0 for c in capacities.values()):
             raise ValueError("the store needs at least one tier, with capacities >= 0")
+        if fast_layers < 0:
+            raise ValueError("fast_layers must be >= 0")
+        self._fast_layers = fast_layers
         self._tiers: tuple[Tier, ...] = tuple(capacities)
         self._capacity = dict(capacities)
         self._used = dict.fromkeys(self._tiers, 0)
@@ -330,17 +370,74 @@ class BlockStore:
             if self._live(old, now):
                 raise BlockExistsError(f"block {meta.block} is already held")
             self._evict(old, EVICT_EXPIRED, events)
-        need = meta.data_octets
-        for tier in self._tiers:
-            if self._make_room(tier, need, now, frozenset({meta.block}), events):
-                entry = Entry(meta, (Segment(tier, meta.layers),), now, now + self._retention_s)
-                self._entries[meta.block] = entry
-                self._expiry[meta.block] = None
-                self._by_key.setdefault(meta.block.block_key, set()).add(meta.block)
-                self._used[tier] += need
-                events += (Place(meta, tier, meta.layers), Publish(meta.block))
-                return PutOutcome(tuple(events), tier)
+        exclude = frozenset({meta.block})
+        options = [self._split(meta, i) for i in range(len(self._tiers) - 1)] if self._splits(meta) else []
+        options += [(Segment(tier, meta.layers),) for tier in self._tiers]
+        for placement in options:
+            if all(self._make_room(s.tier, meta.octets(s.layers), now, exclude, events) for s in placement):
+                self._admit(meta, placement, now)
+                events += (*(Place(meta, s.tier, s.layers) for s in placement), Publish(meta.block))
+                return PutOutcome(tuple(events), placement[0].tier)
         return PutOutcome(tuple(events), None)
+
+    def _splits(self, meta: BlockMeta) -> bool:
+        return 0 < self._fast_layers < meta.layers.count and len(self._tiers) > 1
+
+    def _split(self, meta: BlockMeta, index: int) -> tuple[Segment, ...]:
+        """The first ``fast_layers`` layers in tier ``index``, the rest in the next tier."""
+        n = self._fast_layers
+        return (Segment(self._tiers[index], LayerRange(0, n - 1)),
+                Segment(self._tiers[index + 1], LayerRange(n, meta.layers.last)))
+
+    def _admit(self, meta: BlockMeta, placement: tuple[Segment, ...], now: float) -> None:
+        self._entries[meta.block] = Entry(meta, placement, now, now + self._retention_s)
+        self._expiry[meta.block] = None
+        self._by_key.setdefault(meta.block.block_key, set()).add(meta.block)
+        for segment in placement:
+            self._used[segment.tier] += meta.octets(segment.layers)
+
+    def arrange(self, block: BlockId, placement: Sequence[Segment], now: float) -> ArrangeOutcome:
+        """Give a held block a new split across tiers (promote or demote any layer ranges).
+
+        ``placement`` lists (tier, layers) pieces covering every layer once, lower layers in faster
+        tiers.  Room is made in the tiers that grow as for `put` (demoting or evicting *other* blocks).
+        Raises `PlacementError` for an invalid placement, `KeyError` when the block is not held.
+        """
+        entry = self.get(block, now, touch=False)
+        if entry is None:
+            raise KeyError(block)
+        target = self._checked(entry.meta, placement)
+        if target == entry.placement:
+            return ArrangeOutcome((), True)
+        meta = entry.meta
+        growth = {t: sum(meta.octets(s.layers) for s in target if s.tier is t) - entry.octets_in(t)
+                  for t in self._tiers}
+        events: list[Event] = []
+        for tier, need in growth.items():
+            if need > 0 and not self._make_room(tier, need, now, frozenset({block}), events):
+                return ArrangeOutcome(tuple(events), False)
+        self._entries[block] = replace(self._entries[block], placement=target)
+        for tier, change in growth.items():
+            self._used[tier] += change
+        events += [Move(meta, layers, source, dest) for layers, source, dest in _runs(entry.placement, target)]
+        events.append(Republish(block))
+        return ArrangeOutcome(tuple(events), True)
+
+    def _checked(self, meta: BlockMeta, placement: Sequence[Segment]) -> tuple[Segment, ...]:
+        pieces = tuple(sorted(placement, key=lambda s: s.layers.first))
+        expected_first, last_rank = 0, -1
+        for segment in pieces:
+            if segment.tier not in self._capacity:
+                raise PlacementError(f"this holder has no {segment.tier} tier")
+            rank = self._tiers.index(segment.tier)
+            if rank <= last_rank:
+                raise PlacementError("lower layers must be in faster tiers, each tier holding one range")
+            if segment.layers.first != expected_first:
+                raise PlacementError(f"the placement must cover layers {meta.layers} contiguously")
+            expected_first, last_rank = segment.layers.last + 1, rank
+        if expected_first != meta.layers.last + 1:
+            raise PlacementError(f"the placement must cover layers {meta.layers} contiguously")
+        return pieces
 
     def expire(self, now: float) -> list[Event]:
         """Remove entries past their retention that no lease pins."""
@@ -425,6 +522,24 @@ class BlockStore:
         if not same_key:
             del self._by_key[entry.block.block_key]
         events += (Withdraw(entry.block), Evict(entry.block, reason))
+
+
+def _runs(old: Sequence[Segment], new: Sequence[Segment]) -> list[tuple[LayerRange, Tier, Tier]]:
+    """Maximal layer ranges that change tier between two placements: (layers, source, target)."""
+    def tier_of(placement: Sequence[Segment], layer: int) -> Tier:
+        return next(s.tier for s in placement if layer in s.layers)
+
+    out: list[tuple[LayerRange, Tier, Tier]] = []
+    last = max(s.layers.last for s in new)
+    for layer in range(last + 1):
+        source, target = tier_of(old, layer), tier_of(new, layer)
+        if source is target:
+            continue
+        if out and out[-1][0].last == layer - 1 and out[-1][1:] == (source, target):
+            out[-1] = (LayerRange(out[-1][0].first, layer), source, target)
+        else:
+            out.append((LayerRange(layer, layer), source, target))
+    return out
 
 
 def _moved(placement: Sequence[Segment], moving: LayerRange, source: Tier, target: Tier) -> tuple[Segment, ...]:

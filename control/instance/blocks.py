@@ -3,7 +3,11 @@
 An instance is normally also a holder of its own tiers (roles = ["instance", "holder"]): then the
 blocks go into that holder's store (`control.holder.app.HOLDER`), whose publisher announces each one
 to the IS as a new replica of this instance (spec sections 6.5 and 6.8).  Without a holder role in
-the process, `MemoryBlocks` keeps a bounded cache that is used but not published.
+the process, `MemoryBlocks` keeps a bounded cache that is used but not published.  Either way the
+blocks live in the holder's tier classes (decision D5): `HostTier` octets or, given one, a torch tier
+(`control.holder.torch_tiers`: host tensors, pinned with CUDA, or the CUDA device tier).
+`HolderBlocks.split` moves a block's first layers to the holder's fastest tier and republishes its
+residency, for blocks the engine is about to use.
 
 `Replicator` additionally PUTs every placed block to the configured ``replicate_to`` holders, in the
 background and bounded, so that prompt and generated blocks survive the death of this process (the
@@ -22,12 +26,12 @@ from collections.abc import Sequence
 from typing import Final, Protocol
 
 from control.holder.service import Holder, StoreFullError
-from control.holder.store import BlockExistsError, BlockId, BlockMeta
-from control.holder.tiers import StorageCorruptError, StorageMissingError, TierError
+from control.holder.store import BlockExistsError, BlockId, BlockMeta, PlacementError, Segment
+from control.holder.tiers import HostTier, MemoryTier, StorageCorruptError, StorageMissingError, TierError
 from control.instance.metrics import InstanceMetrics
 from kvsp.client.holder import HolderClient, StoreOutcome
 from kvsp.client.http import TransportError
-from kvsp.container import Container, Geometry, decode_container, replica_digest
+from kvsp.container import Container, Geometry, LayerRange, decode_container, replica_digest
 from kvsp.errors import ContainerError
 from kvsp.problems import ProblemError
 
@@ -102,36 +106,66 @@ class HolderBlocks:
             return False
         return True
 
+    async def split(self, block: BlockId, fast_layers: int) -> bool:
+        """Keep the first ``fast_layers`` layers of a held block in the holder's fastest tier and the
+        rest in the next one (spec section 4.4); the record is republished with the new residency.
+        False when the block is not held, the holder has one tier, or there is no room."""
+        tiers = self.holder.store.tiers
+        entry = self.holder.store.get(block, self.holder.clock(), touch=False)
+        if entry is None or len(tiers) < 2 or fast_layers < 1:
+            return False
+        last = entry.meta.layers.last
+        placement: tuple[Segment, ...] = (Segment(tiers[0], LayerRange(0, min(fast_layers, last + 1) - 1)),)
+        if fast_layers <= last:
+            placement += (Segment(tiers[1], LayerRange(fast_layers, last)),)
+        try:
+            return await self.holder.arrange(block, placement)
+        except (KeyError, PlacementError):
+            return False
+
 
 class MemoryBlocks:
-    """A bounded LRU of whole blocks in this process, not published (no holder role here)."""
+    """A bounded LRU of whole blocks in one memory tier of this process, not published (no holder
+    role here).  ``tier`` defaults to plain `HostTier` octets; a torch tier keeps them as tensors."""
 
     published = False
 
-    def __init__(self, capacity_octets: int, geometry: Geometry) -> None:
+    def __init__(self, capacity_octets: int, geometry: Geometry, tier: MemoryTier | None = None) -> None:
         self.capacity = capacity_octets
         self.geometry = geometry
+        self.tier: MemoryTier = HostTier() if tier is None else tier
         self.used = 0
-        self._blocks: OrderedDict[BlockId, bytes] = OrderedDict()
+        self._blocks: OrderedDict[BlockId, BlockMeta] = OrderedDict()
 
     def held(self, block: BlockId) -> bool:
         return block in self._blocks
 
     async def read(self, block: BlockId) -> Container | None:
-        data = self._blocks.get(block)
-        if data is None:
+        meta = self._blocks.get(block)
+        if meta is None:
             return None
         self._blocks.move_to_end(block)
+        data: bytes | memoryview | None = self.tier.whole(meta)
+        if data is None:  # a tier that is not host memory (device): one copy out, in a worker thread
+            layers = await asyncio.to_thread(self.tier.read, meta, meta.layers)
+            if layers is None:
+                return None
+            data = b"".join((meta.header.encode(), layers))
         return decode_container(data, geometry=self.geometry)
 
     async def place(self, block: BlockId, container: bytes) -> bool:
         if block in self._blocks or len(container) > self.capacity:
             return False
-        await asyncio.to_thread(block_meta, block, container, self.geometry)  # refuse what is malformed
+        meta = await asyncio.to_thread(block_meta, block, container, self.geometry)  # refuses what is malformed
         while self.used + len(container) > self.capacity:
             _, old = self._blocks.popitem(last=False)
-            self.used -= len(old)
-        self._blocks[block] = container
+            self.tier.drop(old.block)
+            self.used -= old.size
+        if self.tier.copies_on_read:
+            await asyncio.to_thread(self.tier.put, meta, memoryview(container))
+        else:
+            self.tier.put(meta, memoryview(container))
+        self._blocks[block] = meta
         self.used += len(container)
         return True
 
