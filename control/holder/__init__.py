@@ -2,7 +2,9 @@
 
 Layers, from the wire inwards: `app` (HTTP routes) -> `service.Holder` (asyncio adapter) ->
 `store.BlockStore` and `leases.LeaseTable` (sans-I/O decisions) and `tiers` (host memory, encrypted
-local storage).  `publisher` keeps the Index Service informed.
+local storage; `torch_tiers` adds torch host/device tiers, imported only when configured, and
+`tierset.TierSet` places and moves layer ranges across the tiers present).  `publisher` keeps the Index
+Service informed.
 """
 
 from control.holder.leases import LeaseQuotaError, LeaseState, LeaseTable
@@ -10,6 +12,7 @@ from control.holder.publisher import Publisher, RefreshSchedule
 from control.holder.service import Holder, Representation, StoreFullError
 from control.holder.settings import HolderSettings
 from control.holder.store import (
+    ArrangeOutcome,
     BlockExistsError,
     BlockId,
     BlockMeta,
@@ -18,7 +21,9 @@ from control.holder.store import (
     Entry,
     Event,
     Evict,
+    Move,
     Place,
+    PlacementError,
     Publish,
     PutOutcome,
     Republish,
@@ -34,8 +39,10 @@ from control.holder.tiers import (
     TierError,
     load_or_create_key,
 )
+from control.holder.tierset import TierSet
 
 __all__ = [
+    "ArrangeOutcome",
     "BlockExistsError",
     "BlockId",
     "BlockMeta",
@@ -51,7 +58,9 @@ __all__ = [
     "LeaseQuotaError",
     "LeaseState",
     "LeaseTable",
+    "Move",
     "Place",
+    "PlacementError",
     "Publish",
     "Publisher",
     "PutOutcome",
@@ -64,6 +73,7 @@ __all__ = [
     "StorageMissingError",
     "StoreFullError",
     "TierError",
+    "TierSet",
     "Withdraw",
     "load_or_create_key",
 ]
