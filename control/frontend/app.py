@@ -1,0 +1,282 @@
+"""The front end role (``kvsp serve frontend``): the OpenAI-shaped public API and its health route.
+
+Public listener (``[frontend] listen``; for clients without KVSP identities):
+
+- ``POST /v1/completions``: a completion; ``stream: true`` answers with server-sent events, one
+  ``text_completion`` chunk per token labelled ``kvsp: {index, epoch, token}``, then ``data: [DONE]``;
+- ``GET /v1/models``, ``GET /health``.
+
+Mutual-TLS listener (``server.base_uri``, like every role): ``GET {base}health`` and ``{base}metrics``.
+
+Each request goes to the PC (``POST requests``) with the tenant's Scope ID; the tokens come from the
+owner instance and are followed across failovers by `SessionFollower`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from control.config import RoleConfig
+from control.frontend.follower import FollowError, SessionFollower
+from control.frontend.metrics import FrontendMetrics
+from control.frontend.openai import (
+    MEDIA_PROBLEM,
+    ApiError,
+    CompletionRequest,
+    Limits,
+    chunk,
+    finish_reason,
+    parse_completion,
+    sse,
+    usage,
+)
+from control.frontend.settings import FrontendSettings
+from control.frontend.tokenizer import TextStream, Tokenizer, load_tokenizer
+from control.http import json_response
+from control.metrics import metrics_of
+from control.tls import client_context
+from kvsp.client.http import ClientOptions, KvspSession
+from kvsp.records import Sampler
+from kvsp.records.generation import GenerateRequest, TokenEvent
+
+log = logging.getLogger("kvsp.frontend")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+JSON_TYPES = frozenset({"application/json", "application/kvsp+json"})
+CLIENT_CLOSED = 499  # the status label of streams the client closed (nginx's convention)
+
+
+@dataclass
+class Frontend:
+    settings: FrontendSettings
+    tokenizer: Tokenizer
+    http: KvspSession
+    metrics: FrontendMetrics
+    in_flight: int = 0
+    started: float = field(default_factory=time.time)
+
+    @property
+    def limits(self) -> Limits:
+        s = self.settings
+        return Limits(s.model, s.max_prompt_tokens, s.max_tokens_limit)
+
+    def follower(self) -> SessionFollower:
+        s = self.settings
+        return SessionFollower(self.http, s.pc, stall_s=s.stall_ms / 1000, stranded_retry_s=s.stranded_retry_ms / 1000)
+
+    def generate_request(self, tenant: str, req: CompletionRequest) -> GenerateRequest:
+        sampler = Sampler(req.method, req.params, req.seed, 0, False)
+        return GenerateRequest(None, self.settings.tenants[tenant], self.settings.descriptor.compat_id, req.prompt,
+                               req.max_tokens, sampler)
+
+
+FRONTEND: web.AppKey[Frontend] = web.AppKey("kvsp.frontend", Frontend)
+
+
+def _tenant(fe: Frontend, request: web.Request) -> str:
+    auth = request.headers.get("Authorization")
+    if auth is None:
+        if fe.settings.anonymous_tenant is None:
+            raise ApiError(401, "Unauthorized", "an API key is required (Authorization: Bearer KEY)",
+                           kind="authentication_error", code="invalid_api_key")
+        return fe.settings.anonymous_tenant
+    scheme, _, key = auth.partition(" ")
+    tenant = fe.settings.tenant_of_key(key.strip().encode()) if scheme.lower() == "bearer" else None
+    if tenant is None:  # the presented key is never echoed
+        raise ApiError(401, "Unauthorized", "the API key is not valid", kind="authentication_error",
+                       code="invalid_api_key")
+    return tenant
+
+
+async def _body(request: web.Request, limit: int) -> bytes:
+    if request.content_type not in JSON_TYPES:
+        raise ApiError(415, "Unsupported Media Type", "send the request as application/json")
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(413, "Content Too Large", f"the body limit is {limit} octets")
+    data = bytearray()
+    async for piece in request.content.iter_any():
+        data += piece
+        if len(data) > limit:
+            raise ApiError(413, "Content Too Large", f"the body limit is {limit} octets")
+    return bytes(data)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    fe = request.app[FRONTEND]
+    tenant = _tenant(fe, request)
+    req = parse_completion(await _body(request, fe.settings.body_limit_octets), fe.limits, fe.tokenizer)
+    if fe.in_flight >= fe.settings.max_concurrent:
+        raise ApiError(429, "Too Many Requests", f"{fe.in_flight} requests are in flight; try again later",
+                       kind="rate_limit_error")
+    fe.in_flight += 1
+    fe.metrics.in_flight.set(fe.in_flight)
+    try:
+        async with asyncio.timeout(fe.settings.request_timeout_ms / 1000):
+            return await _run(fe, request, tenant, req)
+    except TimeoutError as exc:
+        raise ApiError(504, "Gateway Timeout", "the completion did not finish in time", kind="server_error") from exc
+    finally:
+        fe.in_flight -= 1
+        fe.metrics.in_flight.set(fe.in_flight)
+
+
+async def _run(fe: Frontend, request: web.Request, tenant: str, req: CompletionRequest) -> web.StreamResponse:
+    follower = fe.follower()
+    try:
+        info = await follower.start(fe.generate_request(tenant, req))
+    except FollowError as exc:
+        raise ApiError(exc.status, "Service Unavailable" if exc.status == 503 else "Bad Gateway", exc.detail,
+                       kind="server_error") from exc
+    created = int(time.time())
+    tokens: AsyncGenerator[TokenEvent, None] = follower.tokens()
+    text = TextStream(fe.tokenizer)
+    if not req.stream:
+        out: list[TokenEvent] = []
+        try:
+            async for token in tokens:
+                out.append(token)
+        except FollowError as exc:
+            raise ApiError(exc.status, "Bad Gateway", exc.detail, kind="server_error") from exc
+        fe.metrics.tokens.inc(len(out))
+        _account(fe, follower, 200)
+        pieces = "".join(text.push(t.token) for t in out) + text.flush()
+        end = follower.stats.end
+        body = chunk(info.session, fe.settings.model, created, pieces,
+                     finish=finish_reason(end.reason) if end else "length",
+                     kvsp={**_summary(follower), "tokens": [t.token for t in out]},
+                     usage=usage(len(req.prompt), len(out)))
+        return web.json_response(body)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
+    await resp.prepare(request)
+    count, owner = 0, None
+    try:
+        async for token in tokens:
+            count += 1
+            fe.metrics.tokens.inc()
+            label: dict[str, object] = {"index": token.index, "epoch": token.epoch, "token": token.token}
+            if (follower.stats.instance, token.epoch) != owner:  # the first token and after each move
+                owner = (follower.stats.instance, token.epoch)
+                label |= {"session": follower.stats.session, "instance": follower.stats.instance}
+            await resp.write(sse(chunk(info.session, fe.settings.model, created, text.push(token.token), kvsp=label)))
+        end = follower.stats.end
+        last = chunk(info.session, fe.settings.model, created, text.flush(),
+                     finish=finish_reason(end.reason) if end else "length", kvsp=_summary(follower),
+                     usage=usage(len(req.prompt), count) if req.include_usage else None)
+        await resp.write(sse(last) + sse("[DONE]"))
+        _account(fe, follower, 200)
+    except FollowError as exc:  # headers are sent: the error travels as an event, and the stream ends
+        _account(fe, follower, exc.status)
+        with contextlib.suppress(ConnectionResetError):
+            await resp.write(sse(ApiError(exc.status, "Bad Gateway", exc.detail, kind="server_error").to_json()))
+    except ConnectionResetError:  # the client went away: stop following (the session runs to its end)
+        _account(fe, follower, CLIENT_CLOSED)
+    finally:
+        await tokens.aclose()
+    return resp
+
+
+def _summary(follower: SessionFollower) -> dict[str, object]:
+    s = follower.stats
+    return {"session": s.session, "instance": s.instance, "epoch": s.epoch, "moves": s.moves,
+            "submissions": s.submissions, "discarded": s.duplicates,
+            "resume_ms": [round(g * 1000, 3) for g in s.resume_gaps_s]}
+
+
+def _account(fe: Frontend, follower: SessionFollower, status: int) -> None:
+    s = follower.stats
+    fe.metrics.requests.labels(str(status)).inc()
+    fe.metrics.moves.inc(s.moves)
+    fe.metrics.resumes.inc(len(s.resume_gaps_s))
+    fe.metrics.resume_seconds.inc(sum(s.resume_gaps_s))
+    fe.metrics.duplicates.inc(s.duplicates)
+    fe.metrics.resubmissions.inc(max(0, s.submissions - 1))
+
+
+async def models(request: web.Request) -> web.Response:
+    fe = request.app[FRONTEND]
+    entry = {"id": fe.settings.model, "object": "model", "created": int(fe.started), "owned_by": "kvsp",
+             "kvsp": {"compat_id": fe.settings.descriptor.compat_id_hex}}
+    return web.json_response({"object": "list", "data": [entry]})
+
+
+async def health(request: web.Request) -> web.Response:
+    fe = request.app[FRONTEND]
+    return web.json_response({"status": "ok", "role": "frontend", "in_flight": fe.in_flight,
+                              "model": fe.settings.model})
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    fe = request.app[FRONTEND]
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        error = exc
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error = ApiError(exc.status, exc.reason, f"{request.method} {request.path}: {exc.reason}")
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        error = ApiError(500, "Internal Server Error", "the front end failed", kind="server_error")
+    fe.metrics.requests.labels(str(error.status)).inc()
+    return web.Response(status=error.status, body=error.to_bytes(), content_type=MEDIA_PROBLEM,
+                        headers={"Cache-Control": "no-store"})
+
+
+def public_app(fe: Frontend) -> web.Application:
+    app = web.Application(middlewares=[_errors], client_max_size=fe.settings.body_limit_octets)
+    app[FRONTEND] = fe
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    return app
+
+
+def _public_ssl(settings: FrontendSettings) -> ssl.SSLContext | None:
+    if settings.public_tls is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(settings.public_tls.cert, settings.public_tls.key)
+    return ctx
+
+
+def setup(app: web.Application, config: RoleConfig) -> None:
+    settings = FrontendSettings.from_config(config)
+    if config.tls is None:
+        raise ApiError(500, "Configuration", "the front end needs [tls]: it calls the PC and instances over mTLS")
+    tls = config.tls
+    tokenizer = load_tokenizer(settings.tokenizer)
+    metrics = FrontendMetrics.register(metrics_of(app))
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        http = KvspSession(client_context(tls), ClientOptions(request_timeout_s=30.0, max_connections=1024,
+                                                              max_connections_per_host=512))
+        fe = Frontend(settings, tokenizer, http, metrics)
+        app[FRONTEND] = fe
+        runner = web.AppRunner(public_app(fe), access_log=None, shutdown_timeout=2.0)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, settings.host, settings.port, ssl_context=_public_ssl(settings)).start()
+            log.info("completions API at %s://%s:%d/v1/completions", "https" if settings.public_tls else "http",
+                     settings.host, settings.port)
+            yield
+        finally:
+            await runner.cleanup()
+            with contextlib.suppress(Exception):
+                await http.close()
+
+    async def mtls_health(request: web.Request) -> web.Response:
+        fe = request.app[FRONTEND]
+        return json_response({"status": "ok", "role": "frontend", "in_flight": fe.in_flight})
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_get(config.server.base_path + "health", mtls_health)

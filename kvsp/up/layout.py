@@ -1,0 +1,271 @@
+"""The deployment ``kvsp up`` runs, written into one run directory.
+
+    RUN/pki/                 dev CA and one certificate per role (URI SAN = base URI)
+    RUN/model.json           the Compatibility Descriptor; RUN/*.scope.key, RUN/acme.apikey
+    RUN/main/                role configs, policy.toml (D2), logs/, the cache holder's blocks (the system)
+    RUN/baseline/            the same roles without any cache (no holders, no lookups that can hit), names
+                             ending in -b, on their own ports: it starts beside the main phase
+    RUN/deployment.json      names, URIs, ports and files: what `kvsp workload --run-dir` reads
+
+Processes of the main phase: ``pc`` (PC + IS), ``h1`` (cache-server holder: host + local-storage
+tiers), ``relay1`` when the relay role is available, ``ii1`` and ``ii2`` (instance + holder) and ``fe``
+(the front end).  Every configuration is plain TOML that ``kvsp serve ROLE --config FILE`` reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import secrets
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Final
+
+from kvsp.descriptor import CompatDescriptor
+from kvsp.keys import ScopeKey
+from kvsp.pki import RoleSpec, make_dev_pki
+
+TENANTS: Final = ("public", "acme")
+INSTANCES: Final = ("ii1", "ii2")
+SCRAPER: Final = "up"
+HF_BLOCK_TOKENS: Final = 16  # the identity kvsp up itself uses (metrics, health)
+TomlValue = object
+
+
+@dataclass(frozen=True, slots=True)
+class UpOptions:
+    model: str = "test"  # "test" (DeterministicTestEngine + bytes tokenizer) or a Hugging Face model folder
+    relay: bool | None = None  # None: start the relay when the role is available
+    prefill_us_per_token: int = 400  # test engine: the time of a model, so cache reuse shows in TTFT
+    decode_us_per_token: int = 4000
+    status_ttl_ms: int = 2000
+    frontend_port: int = 0  # 0: a free port
+    moqt_fetch: bool = False  # instances read the cache holder's blocks over MOQT (its moqt:// replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class Proc:
+    name: str
+    roles: str  # comma-separated, as `kvsp serve` takes them
+    uri: str
+    config: str  # path relative to the run directory
+    log: str
+    instance: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    run_dir: str
+    model: str
+    model_name: str
+    tokenizer: str
+    frontend_urls: Mapping[str, str]  # phase -> the front end's public base URL
+    api_keys: Mapping[str, str]  # tenant -> key file (tenants without one are anonymous)
+    uris: Mapping[str, str]
+    phases: Mapping[str, tuple[Proc, ...]] = field(default_factory=dict)
+
+    @property
+    def frontend_url(self) -> str:
+        return self.frontend_urls["main"]
+
+    def save(self) -> None:
+        doc = asdict(self)
+        (Path(self.run_dir) / "deployment.json").write_text(json.dumps(doc, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Deployment:
+        doc = json.loads((run_dir / "deployment.json").read_text())
+        phases = {name: tuple(Proc(**p) for p in procs) for name, procs in doc["phases"].items()}
+        return cls(str(run_dir), doc["model"], doc["model_name"], doc["tokenizer"], doc["frontend_urls"],
+                   doc["api_keys"], doc["uris"], phases)
+
+
+def relay_available() -> bool:
+    try:
+        return importlib.util.find_spec("relay.app") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def free_port(kind: socket.SocketKind = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def bytes_model_descriptor() -> CompatDescriptor:
+    digest = hashlib.sha256
+    return CompatDescriptor(model="kvsp-test-bytes", model_digest=digest(b"kvsp DeterministicTestEngine").digest(),
+                            tokenizer_digest=digest(b"kvsp bytes tokenizer").digest(), layers=2, kv_heads=2,
+                            head_dim=16, kv_dtype="fp16", positional="rope", block_tokens=16)
+
+
+def model_of(options: UpOptions) -> tuple[CompatDescriptor, str, str]:
+    """(descriptor, engine setting, tokenizer setting) of the model the instances serve."""
+    if options.model == "test":
+        return bytes_model_descriptor(), "test", "bytes"
+    from kvsp.hf import descriptor_from_model_dir  # noqa: PLC0415 - the reference model needs torch
+
+    folder = Path(options.model).resolve()
+    descriptor = descriptor_from_model_dir(folder, block_tokens=HF_BLOCK_TOKENS)
+    return descriptor, f"hf:{folder}", str(folder / "tokenizer.json")
+
+
+# -- TOML ------------------------------------------------------------------------------------------------
+def toml_value(value: TomlValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, Sequence):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML for {value!r}")
+
+
+def toml_table(name: str, values: Mapping[str, TomlValue]) -> str:
+    return f"\n[{name}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in values.items())
+
+
+def role_head(roles: Sequence[str], uri: str, name: str, pki: str = "../pki") -> str:
+    return (f"roles = {toml_value(list(roles))}\npolicy = \"../policy.toml\"\n"
+            + toml_table("server", {"base_uri": uri})
+            + toml_table("tls", {"cert": f"{pki}/{name}.pem", "key": f"{pki}/{name}.key", "ca": f"{pki}/ca.pem"}))
+
+
+# -- the run directory -------------------------------------------------------------------------------------
+BASELINE_SUFFIX: Final = "-b"
+
+
+@dataclass(frozen=True, slots=True)
+class _Shared:
+    uris: dict[str, str]
+    scopes: dict[str, ScopeKey]
+    engine: str
+    tokenizer: str
+    descriptor: CompatDescriptor
+    fe_ports: dict[str, int]  # phase -> public port of its front end
+    relay: bool
+    moqt_ports: dict[str, int]
+
+
+def phase_names(relay: bool) -> dict[str, list[str]]:
+    """The process names of each phase; the baseline runs beside the main phase, on its own ports."""
+    main = ["pc", "h1", *INSTANCES, "fe"] + (["relay1"] if relay else [])
+    return {"main": main, "baseline": [f"{n}{BASELINE_SUFFIX}" for n in ("pc", *INSTANCES, "fe")]}
+
+
+def prepare(run_dir: Path, options: UpOptions) -> Deployment:
+    """Write the PKI, policies, keys and both phases' configs; return what was written."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    descriptor, engine, tokenizer = model_of(options)
+    relay = relay_available() if options.relay is None else options.relay
+    names = phase_names(relay)
+    uris = {n: f"https://127.0.0.1:{free_port()}/{n}/" for n in [*names["main"], *names["baseline"], SCRAPER]}
+    make_dev_pki(run_dir / "pki", [RoleSpec(n, u) for n, u in uris.items()])
+    (run_dir / "model.json").write_text(json.dumps(descriptor.to_json()))
+    scopes = {t: ScopeKey.generate() for t in TENANTS}
+    for tenant, key in scopes.items():
+        _write_secret(run_dir / f"{tenant}.scope.key", key.secret().hex())
+    _write_secret(run_dir / "acme.apikey", "sk-kvsp-" + secrets.token_hex(24))
+    moqt_ports = {n: free_port(socket.SOCK_DGRAM) for n in ("h1", "relay1")}
+    fe_ports = {"main": options.frontend_port or free_port(), "baseline": free_port()}
+    shared = _Shared(uris, scopes, engine, tokenizer, descriptor, fe_ports, relay, moqt_ports)
+    phases = {phase: _write_phase(run_dir, phase, shared, options, names[phase]) for phase in ("main", "baseline")}
+    model_name = "kvsp-test" if engine == "test" else descriptor.model
+    deployment = Deployment(str(run_dir), options.model, model_name, tokenizer,
+                            {p: f"http://127.0.0.1:{port}" for p, port in fe_ports.items()},
+                            {"acme": "acme.apikey"}, uris, phases)
+    deployment.save()
+    return deployment
+
+
+def _write_secret(path: Path, text: str) -> None:
+    path.touch(mode=0o600)
+    path.write_text(text + "\n")
+
+
+def _policy(pc: str, members: Sequence[str], scopes: Mapping[str, ScopeKey]) -> str:
+    out = f"pc = {toml_value(pc)}\n"
+    for key in scopes.values():
+        out += (f"\n[[scope]]\nid = \"{key.scope_id.hex()}\"\nlookup = {toml_value(members)}\n"
+                f"read = {toml_value(members)}\nstore = {toml_value(members)}\n")
+    return out
+
+
+def _write_phase(run_dir: Path, phase: str, s: _Shared, options: UpOptions, names: Sequence[str]) -> tuple[Proc, ...]:
+    """One phase's configs: ``main`` with the cache roles, ``baseline`` (names ending -b) without them."""
+    folder = run_dir / phase
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    cache = phase == "main"
+    suffix = "" if cache else BASELINE_SUFFIX
+    uri = {n.removesuffix(suffix) if suffix else n: s.uris[n] for n in names}
+    (folder / "policy.toml").write_text(_policy(uri["pc"], list(uri.values()), s.scopes))
+    keys = {key.scope_id.hex(): f"../{tenant}.scope.key" for tenant, key in s.scopes.items()}
+    model = "../model.json"
+    procs: list[Proc] = []
+
+    def write(role: str, roles: list[str], body: str, *, instance: bool = False) -> None:
+        name = role + suffix
+        head = role_head(roles, uri[role], name).replace('policy = "../policy.toml"', 'policy = "policy.toml"')
+        (folder / f"{name}.toml").write_text(head + body)
+        procs.append(Proc(name, ",".join(roles), uri[role], f"{phase}/{name}.toml", f"{phase}/logs/{name}.log",
+                          instance))
+
+    write("pc", ["pc", "is"], toml_table("is", {"descriptors": [model]})
+          + toml_table("pc", {"scope_keys": keys, "descriptors": [model], "status_check_interval_ms": 100,
+                              "call_timeout_ms": 5000}))
+    holder = {"index": uri["pc"], "descriptors": [model], "replica_ttl_ms": 120_000}
+    h1_moqt = f"127.0.0.1:{s.moqt_ports['h1']}"
+    if cache:
+        write("h1", ["holder"], toml_table("holder", {**holder, "host_capacity_octets": 64 << 20,
+                                                      "storage_dir": "blocks-h1", "storage_capacity_octets": 1 << 30,
+                                                      "encryption_key_file": "h1-storage.key",
+                                                      "moqt_listen": h1_moqt, "moqt_uri": f"moqt://{h1_moqt}/h1"}))
+        if s.relay:  # MOQT between racks: here an upstream of the cache holder's MOQT publisher
+            port = s.moqt_ports["relay1"]
+            write("relay1", ["relay"], toml_table("relay", {
+                "listen": f"127.0.0.1:{port}", "uri": f"moqt://127.0.0.1:{port}/relay1",
+                "upstream": [f"moqt://{h1_moqt}/h1"], "cache_octets": 64 << 20}))
+    for name in INSTANCES:
+        instance = _instance_table(s, options, uri, keys, model)
+        if cache:
+            peers = [p for p in INSTANCES if p != name]
+            instance |= {"replicate_to": [uri["h1"]], "peers": [uri[p] for p in peers],
+                         "moqt_fetch": options.moqt_fetch,
+                         "links": [{"holder": uri[h], "mbit_per_s": 10_000.0, "rtt_us": 100} for h in ("h1", *peers)]}
+            if options.moqt_fetch:  # the cache holder's moqt:// replicas are priced over their own path
+                instance["links"] = [{"holder": f"moqt://{h1_moqt}/h1", "mbit_per_s": 10_000.0, "rtt_us": 50},
+                                     *instance["links"]]  # type: ignore[misc]
+            write(name, ["instance", "holder"], toml_table("holder", holder) + toml_table("instance", instance),
+                  instance=True)
+        else:  # no holder role and no block memory: every prompt is recomputed
+            instance |= {"memory_blocks_octets": 0}
+            write(name, ["instance"], toml_table("instance", instance), instance=True)
+    tenants = {t: k.scope_id.hex() for t, k in s.scopes.items()}
+    model_name = "kvsp-test" if s.engine == "test" else s.descriptor.model
+    write("fe", ["frontend"], toml_table("frontend", {
+        "pc": uri["pc"], "listen": f"127.0.0.1:{s.fe_ports[phase]}", "model": model_name, "descriptor": model,
+        "tokenizer": s.tokenizer, "tenants": tenants, "api_keys": {"acme": "../acme.apikey"},
+        "anonymous_tenant": "public", "stall_ms": 1000}))
+    return tuple(procs)
+
+
+def _instance_table(s: _Shared, options: UpOptions, uri: Mapping[str, str], keys: Mapping[str, str],
+                    model: str) -> dict[str, TomlValue]:
+    instance: dict[str, TomlValue] = {
+        "pc": uri["pc"], "index": uri["pc"], "engine": s.engine, "scope_keys": dict(keys), "descriptors": [model],
+        "status_ttl_ms": options.status_ttl_ms, "load_timeout_ms": 5000, "final_ack_timeout_ms": 10_000}
+    if s.engine == "test":
+        instance |= {"vocab_size": 256, "test_prefill_us_per_token": options.prefill_us_per_token,
+                     "test_decode_us_per_token": options.decode_us_per_token}
+    else:  # prompts computed block by block: loaded and recomputed prefixes give bit-identical logits
+        instance |= {"hf_chunk_tokens": s.descriptor.block_tokens}
+    return instance
