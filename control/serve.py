@@ -18,7 +18,7 @@ from typing import Protocol
 from aiohttp import web
 
 from control.config import KNOWN_ROLES, RoleConfig
-from control.http import make_app
+from control.http import json_response, make_app
 from control.metrics import metrics_handler, metrics_of
 from control.tls import server_context
 from kvsp.errors import ValidationError
@@ -31,10 +31,15 @@ ROLE_MODULES = {
     "pc": "control.pc.app",
     "instance": "control.instance.app",
     "relay": "relay.app",
+    "frontend": "control.frontend.app",
 }
 Clock = Callable[[], float]
 CLOCK: web.AppKey[Clock] = web.AppKey("kvsp.clock", Callable[[], float])  # type: ignore[arg-type]
 CONFIG: web.AppKey[RoleConfig] = web.AppKey("kvsp.config", RoleConfig)
+HealthFacts = Callable[[web.Application], dict[str, object]]
+# Per-role facts for GET {base}health; a role adds a callable under its name in its `setup`.
+HEALTH: web.AppKey[dict[str, HealthFacts]] = web.AppKey("kvsp.health", dict)
+STARTED: web.AppKey[float] = web.AppKey("kvsp.started", float)
 
 
 class RoleModule(Protocol):
@@ -48,7 +53,10 @@ def build_app(config: RoleConfig, *, clock: Clock = time.monotonic, allow_insecu
     app[CLOCK] = clock
     app[CONFIG] = config
     metrics_of(app)
+    app[HEALTH] = {}
+    app[STARTED] = clock()
     app.router.add_get(config.server.base_path + "metrics", metrics_handler)
+    app.router.add_get(config.server.base_path + "health", health_handler)
     for role in roles or config.roles:
         if role not in ROLE_MODULES:
             raise ValidationError("roles", f"unknown role {role!r}; known: {list(KNOWN_ROLES)}")
@@ -60,6 +68,14 @@ def build_app(config: RoleConfig, *, clock: Clock = time.monotonic, allow_insecu
             raise ValidationError("roles", f"role {role!r} is not available in this version of kvsp") from exc
         module.setup(app, config)
     return app
+
+
+async def health_handler(request: web.Request) -> web.Response:
+    """GET {base}health: 200 while the process serves, with each role's own facts (for supervisors, probes)."""
+    app = request.app
+    facts = {role: facts(app) for role, facts in app[HEALTH].items()}
+    return json_response({"status": "ok", "roles": list(app[CONFIG].roles),
+                          "uptime_s": round(app[CLOCK]() - app[STARTED], 3), **facts})
 
 
 @asynccontextmanager

@@ -217,7 +217,8 @@ async def test_health_models_and_metrics(setup: Setup) -> None:
     fe = setup.pki.uri("fe")
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as mtls:
         async with mtls.get(fe + "health") as resp:
-            assert resp.status == 200 and (await resp.json(content_type=None))["role"] == "frontend"
+            body = await resp.json(content_type=None)
+            assert resp.status == 200 and body["roles"] == ["frontend"] and body["frontend"] == {"in_flight": 0}
         async with mtls.get(fe + "metrics") as resp:
             text = await resp.text()
     assert 'kvsp_frontend_requests_total{status="200"} 1.0' in text

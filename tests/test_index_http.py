@@ -454,3 +454,10 @@ def test_settings_validation(tmp_path: Path) -> None:
                 {"descriptors": "x"}, {"descriptors": ["missing.json"]}):
         with pytest.raises(ValidationError):
             IndexSettings.from_section(bad, tmp_path)
+
+
+async def test_health_reports_the_roles_served(env: Env) -> None:
+    code, _headers, body = await env.raw("pc", "GET", env.base + "health")
+    facts = json.loads(body)
+    assert code == 200 and facts["status"] == "ok" and facts["roles"] == ["is"]
+    assert facts["uptime_s"] >= 0

@@ -40,8 +40,8 @@ from control.frontend.openai import (
 )
 from control.frontend.settings import FrontendSettings
 from control.frontend.tokenizer import TextStream, Tokenizer, load_tokenizer
-from control.http import json_response
 from control.metrics import metrics_of
+from control.serve import HEALTH
 from control.tls import client_context
 from kvsp.client.http import ClientOptions, KvspSession
 from kvsp.records import Sampler
@@ -274,9 +274,5 @@ def setup(app: web.Application, config: RoleConfig) -> None:
             with contextlib.suppress(Exception):
                 await http.close()
 
-    async def mtls_health(request: web.Request) -> web.Response:
-        fe = request.app[FRONTEND]
-        return json_response({"status": "ok", "role": "frontend", "in_flight": fe.in_flight})
-
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_get(config.server.base_path + "health", mtls_health)
+    app[HEALTH]["frontend"] = lambda app: {"in_flight": app[FRONTEND].in_flight if FRONTEND in app else 0}
