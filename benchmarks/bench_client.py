@@ -71,12 +71,18 @@ def _cases(label: str, data: bytes, record: ReplicaRecord, pool: ThreadPoolExecu
         return measure(fn, reps=reps, warmup=2)
 
     one_pass = timed(lambda: hashlib.sha256(data).digest())
-    receive_and_pass = timed(lambda: (_receive_only(data), hashlib.sha256(data).digest()))
+    def receive_and_hash() -> None:
+        _receive_only(data)
+        hashlib.sha256(data).digest()
+
+    receive_and_pass = timed(receive_and_hash)
     rows = [
-        case(f"verify_{label}", timed(lambda: verify_block_bytes(data, sha, check, executor=pool)), one_pass, GOAL),
+        case(f"verify_{label}", timed(lambda: verify_block_bytes(data, sha, check, executor=pool)), one_pass, GOAL,
+             goal_max_ratio=1.1),
         case(f"verify_{label}_sequential", timed(lambda: verify_block_bytes(data, sha, check)), one_pass,
              "informative: before overlapping (expect ~2)"),
-        case(f"stream_{label}", timed(lambda: _stream(data, check, sha, pool)), receive_and_pass, GOAL),
+        case(f"stream_{label}", timed(lambda: _stream(data, check, sha, pool)), receive_and_pass, GOAL,
+             goal_max_ratio=1.1),
         case(f"stream_{label}_sequential", timed(lambda: _stream(data, check, sha, None)), receive_and_pass,
              "informative: before overlapping"),
     ]

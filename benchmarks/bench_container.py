@@ -11,7 +11,8 @@
   fresh-copy floor.
 * digests: all layer digests of 64 MiB against one SHA-256 pass over the same octets, goal <= 1.1x.
 
-Every figure is the median of several repetitions after a warm-up, timed with time.perf_counter.
+Every figure is the median (and quartiles) of several repetitions after a warm-up (benchmarks._timing);
+candidate and baseline are measured in alternation (`paired`).
 Run: ``python benchmarks/bench_container.py [--quick]``; prints JSON.
 """
 
@@ -20,13 +21,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import statistics
 import sys
-import time
-from collections.abc import Callable
 
 import numpy as np
 
+from benchmarks._timing import Sample, case, measure, paired
 from kvsp.container import Geometry, decode_container, encode_container, encode_into, encode_parts
 from kvsp.container_stream import ContainerReader
 from kvsp.registry import Codec
@@ -34,18 +33,6 @@ from kvsp.registry import Codec
 MiB = 1 << 20
 LAYERS = 32
 GEOMETRY = Geometry(kv_heads=8, head_dim=128, element_size=2)  # bf16: 4 KiB per token per section
-
-
-def _median_seconds(fn: Callable[[], object], reps: int, inner: int = 1) -> float:
-    """Median over ``reps`` repetitions of the mean time of ``inner`` calls, after one warm-up call."""
-    fn()
-    samples = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        samples.append((time.perf_counter() - start) / inner)
-    return statistics.median(samples)
 
 
 def _payload(size: int) -> memoryview:
@@ -63,29 +50,21 @@ def _container(size: int) -> bytes:
     return encode_container(Codec.RAW, 0, tokens, _sections(_payload(size)), geometry=GEOMETRY)
 
 
-def _case(case: str, value: float, unit: str, baseline: float | None, goal: float | None) -> dict[str, object]:
-    ratio = None if baseline is None else round(value / baseline, 3)
-    return {"case": case, "value": round(value, 3), "unit": unit,
-            "baseline": None if baseline is None else round(baseline, 3), "ratio": ratio, "goal": goal}
-
-
 def _decode_cases(sizes: list[int], reps: int) -> list[dict[str, object]]:
     cases = []
-    smallest: float | None = None
+    smallest: Sample | None = None
     for size in sizes:
         buf = _container(size)
         tokens = decode_container(buf).token_count
-        us = 1e6 * _median_seconds(functools.partial(decode_container, buf, geometry=GEOMETRY), reps, inner=200)
-        smallest = us if smallest is None else smallest
-        cases.append(_case(f"decode-{size // MiB}MiB-{LAYERS}layers-{tokens}tokens", us, "us", smallest, 1.5))
+        sample = measure(functools.partial(decode_container, buf, geometry=GEOMETRY), reps=reps, warmup=1, inner=200)
+        name = f"decode-{size // MiB}MiB-{LAYERS}layers-{tokens}tokens"
+        if smallest is None:
+            smallest = sample
+            cases.append(case(name, sample, None, "informative: the reference for the larger sizes"))
+            continue
+        cases.append(case(name, sample, smallest, "decode time independent of size: <= 1.5x the smallest "
+                          "(ratio <= 1.5)", goal_max_ratio=1.5))
     return cases
-
-
-def _paired_ms(candidate: Callable[[], object], baseline: Callable[[], object], reps: int,
-               inner: int = 1) -> tuple[float, float]:
-    """Median ms of candidate and baseline, measured in alternation so that drift hits both alike."""
-    pairs = [(_median_seconds(candidate, 1, inner), _median_seconds(baseline, 1, inner)) for _ in range(reps)]
-    return 1e3 * statistics.median(p[0] for p in pairs), 1e3 * statistics.median(p[1] for p in pairs)
 
 
 def _copy_cases(size: int, reps: int) -> list[dict[str, object]]:
@@ -97,12 +76,12 @@ def _copy_cases(size: int, reps: int) -> list[dict[str, object]]:
     def fresh_copy() -> bytes:
         return bytes(payload)
 
-    encode_ms, fresh_ms = _paired_ms(lambda: encode_container(Codec.RAW, 0, tokens, layers), fresh_copy, reps)
+    encode, fresh = paired(lambda: encode_container(Codec.RAW, 0, tokens, layers), fresh_copy, reps=reps)
     source = np.frombuffer(payload, dtype=np.uint8)
     dest = np.empty(size + 20 + 16 * LAYERS, dtype=np.uint8)
-    into_ms, copyto_ms = _paired_ms(lambda: encode_into(dest, Codec.RAW, 0, tokens, layers),
-                                    lambda: np.copyto(dest[:size], source), reps)
-    parts_ms = 1e3 * _median_seconds(lambda: encode_parts(Codec.RAW, 0, tokens, layers), reps, inner=100)
+    into, copyto = paired(lambda: encode_into(dest, Codec.RAW, 0, tokens, layers),
+                          lambda: np.copyto(dest[:size], source), reps=reps)
+    parts = measure(lambda: encode_parts(Codec.RAW, 0, tokens, layers), reps=reps, warmup=1, inner=100)
     buf = memoryview(encode_container(Codec.RAW, 0, tokens, layers))
 
     def stream() -> None:
@@ -111,15 +90,18 @@ def _copy_cases(size: int, reps: int) -> list[dict[str, object]]:
             reader.feed(buf[offset : offset + 64 * 1024])
         reader.close()
 
-    stream_ms, fresh2_ms = _paired_ms(stream, fresh_copy, reps)
+    streamed, fresh2 = paired(stream, fresh_copy, reps=reps)
     container = decode_container(buf)
-    digests_ms, sha_ms = _paired_ms(container.layer_digests, lambda: hashlib.sha256(payload).digest(), reps)
+    digests, sha = paired(container.layer_digests, lambda: hashlib.sha256(payload).digest(), reps=reps)
     return [
-        _case(f"encode-{label}", encode_ms, "ms", fresh_ms, 1.5),
-        _case(f"encode-into-preallocated-{label}", into_ms, "ms", copyto_ms, 1.5),
-        _case(f"encode-parts-{label}", parts_ms, "ms", fresh_ms, None),
-        _case(f"stream-reader-{label}-64KiB-chunks", stream_ms, "ms", fresh2_ms, None),
-        _case(f"layer-digests-{label}", digests_ms, "ms", sha_ms, 1.1),
+        case(f"encode-{label}", encode, fresh, "<= 1.5x one fresh copy, bytes(view) (ratio <= 1.5)",
+             goal_max_ratio=1.5),
+        case(f"encode-into-preallocated-{label}", into, copyto, "<= 1.5x numpy.copyto, a bare memcpy (ratio <= 1.5)",
+             goal_max_ratio=1.5),
+        case(f"encode-parts-{label}", parts, fresh, "informative: no copy, against one fresh copy"),
+        case(f"stream-reader-{label}-64KiB-chunks", streamed, fresh2, "informative: one copy in 64 KiB chunks, "
+             "against one fresh copy"),
+        case(f"layer-digests-{label}", digests, sha, "<= 1.1x one SHA-256 pass (ratio <= 1.1)", goal_max_ratio=1.1),
     ]
 
 

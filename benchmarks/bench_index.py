@@ -4,8 +4,10 @@
   ``kvsp serve is --config FILE`` in its own process, versus a bare aiohttp HTTPS handler that parses
   the JSON request and answers with the same response document (``json.loads``/``json.dumps``), also
   in its own process, with the same TLS 1.3 mutual-authentication context and uvloop.  The client is
-  this process: one session with keep-alive, 8 requests in flight, a fixed number of requests per
-  repetition; it reads each body but does not parse it, so the servers are what is compared.
+  this process: one session with keep-alive, 1, 8 and 32 requests in flight (quick: 1 and 8), a fixed
+  number of requests per repetition; it reads each body but does not parse it, so the servers are what
+  is compared.  Both servers run at once and their bursts alternate, so load from elsewhere hits both.
+  Each row gives both servers' and the client's CPU microseconds per request.
   Goal: the IS serves >= 0.5x the requests/s of the bare handler (ratio >= 0.5).
 * memory: tracemalloc over parsing and inserting N records into a `ReplicaIndex` (the IS's path),
   versus keeping the same parsed records in a list (what any server that keeps them must hold).
@@ -37,7 +39,7 @@ import aiohttp
 import uvloop
 from aiohttp import web
 
-from benchmarks._timing import Sample, case, measure
+from benchmarks._timing import case, paired
 from control.index.store import ReplicaIndex
 from control.tls import TlsFiles, client_context, server_context
 from kvsp.identifiers import role_id
@@ -48,7 +50,7 @@ from kvsp.registry import Tier
 SCOPE = bytes.fromhex("6d1c6481cd428737da312c089db3832a")
 COMPAT = bytes.fromhex("5ed5c2f238839655d7c4029e12b7f31caf9e7421f4edb4057feee6dab760ee0f")
 KEYS = 64
-CONCURRENCY = 8
+CONCURRENCIES = (1, 8, 32)
 JSON_TYPE = "application/kvsp+json"
 
 
@@ -134,8 +136,8 @@ async def _wait_ready(http: aiohttp.ClientSession, url: str) -> None:
             await asyncio.sleep(0.1)
 
 
-async def _burst(http: aiohttp.ClientSession, url: str, body: bytes, count: int) -> None:
-    """``count`` POSTs with CONCURRENCY in flight, over the session's keep-alive connections."""
+async def _burst(http: aiohttp.ClientSession, url: str, body: bytes, count: int, concurrency: int) -> None:
+    """``count`` POSTs with ``concurrency`` in flight, over the session's keep-alive connections."""
     headers = {"Content-Type": JSON_TYPE}
 
     async def worker(n: int) -> None:
@@ -145,52 +147,69 @@ async def _burst(http: aiohttp.ClientSession, url: str, body: bytes, count: int)
                 if resp.status != 200:
                     raise RuntimeError(f"{url}: HTTP {resp.status}")
 
-    await asyncio.gather(*(worker(count // CONCURRENCY) for _ in range(CONCURRENCY)))
+    await asyncio.gather(*(worker(count // concurrency) for _ in range(concurrency)))
 
 
 def _lookup_cases(quick: bool) -> list[dict[str, object]]:
-    count, reps = (400, 3) if quick else (2000, 5)
-    count -= count % CONCURRENCY
+    count, reps = (240, 3) if quick else (1152, 5)
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         uris = _write_deployment(d)
         records = [_record(i, uris["client"]) for i in range(KEYS)]
         body = LookupRequest(SCOPE, COMPAT, tuple(r.block_key for r in records)).to_bytes()
+        port = int(uris["bare"].split(":")[2].split("/")[0])
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             http = runner.run(_session(client_context(TlsFiles(d / "client.pem", d / "client.key", d / "ca.pem"))))
-
-            def timed(proc: subprocess.Popen[bytes], url: str) -> tuple[Sample, float | None]:
-                """Wall time per burst, and the server's CPU microseconds per request over all bursts."""
-                before = _cpu_s(proc.pid)
-                sample = measure(lambda: runner.run(_burst(http, url, body, count)), reps=reps, warmup=1)
-                after = _cpu_s(proc.pid)
-                cpu = None if before is None or after is None else 1e6 * (after - before) / (count * (reps + 1))
-                return sample, cpu
-
             try:
-                with _process(["-m", "kvsp.cli", "serve", "is", "--config", str(d / "is.toml")]) as proc:
+                with _process(["-m", "kvsp.cli", "serve", "is", "--config", str(d / "is.toml")]) as ours:
                     runner.run(_wait_ready(http, uris["is"] + "lookup"))
                     response = runner.run(_publish(http, uris["is"], records, body))
                     (d / "response.json").write_bytes(response)
-                    ours, ours_cpu = timed(proc, uris["is"] + "lookup")
-                port = int(uris["bare"].split(":")[2].split("/")[0])
-                with _process(["-m", "benchmarks.bench_index", "--bare-server", str(d), str(port)]) as proc:
-                    runner.run(_wait_ready(http, uris["bare"] + "lookup"))
-                    base, base_cpu = timed(proc, uris["bare"] + "lookup")
+                    with _process(["-m", "benchmarks.bench_index", "--bare-server", str(d), str(port)]) as bare:
+                        runner.run(_wait_ready(http, uris["bare"] + "lookup"))
+                        servers = ((ours, uris["is"] + "lookup"), (bare, uris["bare"] + "lookup"))
+                        rows = [_lookup_row(runner, http, servers, body, c, count, reps)
+                                for c in ((1, 8) if quick else CONCURRENCIES)]
             finally:
                 runner.run(http.close())
-    row = case(f"lookup-{KEYS}keys-https-c{CONCURRENCY}", ours, base,
+    for row in rows:
+        row["response_octets"] = len(response)
+    return rows
+
+
+Server = tuple[subprocess.Popen[bytes], str]
+
+
+def _lookup_row(runner: asyncio.Runner, http: aiohttp.ClientSession, servers: tuple[Server, Server], body: bytes,
+                concurrency: int, count: int, reps: int) -> dict[str, object]:
+    """The IS and the bare handler at one concurrency, bursts in alternation (see `paired`), and each
+    server's CPU microseconds per request over its bursts."""
+    count -= count % concurrency
+    (ours_proc, ours_url), (bare_proc, bare_url) = servers
+    client_cpu = [0.0, 0.0]  # this process's CPU seconds in each side's bursts
+
+    def burst(side: int, url: str) -> None:
+        start = time.process_time()
+        runner.run(_burst(http, url, body, count, concurrency))
+        client_cpu[side] += time.process_time() - start
+
+    before = _cpu_s(ours_proc.pid), _cpu_s(bare_proc.pid)
+    ours, base = paired(lambda: burst(0, ours_url), lambda: burst(1, bare_url), reps=reps, warmup=1)
+    after = _cpu_s(ours_proc.pid), _cpu_s(bare_proc.pid)
+    cpu = [None if b is None or a is None else round(1e6 * (a - b) / (count * (reps + 1)))
+           for b, a in zip(before, after, strict=True)]
+    row = case(f"lookup-{KEYS}keys-https-c{concurrency}", ours, base,
                "IS requests/s >= 0.5x a bare aiohttp HTTPS JSON handler (ratio >= 0.5)",
-               unit=f"s per {count} requests", higher_is_better=True)
+               unit=f"s per {count} requests", higher_is_better=True, goal_min_ratio=0.5)
     row.update(requests_per_s=round(count / ours.median_s), baseline_requests_per_s=round(count / base.median_s),
-               server_cpu_us_per_request=None if ours_cpu is None else round(ours_cpu),
-               baseline_server_cpu_us_per_request=None if base_cpu is None else round(base_cpu),
-               response_octets=len(response))
-    return [row]
+               server_cpu_us_per_request=cpu[0], baseline_server_cpu_us_per_request=cpu[1],
+               client_cpu_us_per_request=round(1e6 * client_cpu[0] / (count * (reps + 1))),
+               baseline_client_cpu_us_per_request=round(1e6 * client_cpu[1] / (count * (reps + 1))))
+    return row
 
 
 async def _session(ctx: object) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(ssl=ctx, limit=CONCURRENCY)  # type: ignore[arg-type]
+    connector = aiohttp.TCPConnector(ssl=ctx, limit=max(CONCURRENCIES))  # type: ignore[arg-type]
     return aiohttp.ClientSession(connector=connector)
 
 
@@ -226,7 +245,7 @@ def _traced_bytes(build: Callable[[], object]) -> int:
 
 
 def _memory_cases(quick: bool) -> list[dict[str, object]]:
-    n = 20_000 if quick else 100_000
+    n = 5_000 if quick else 50_000
     holders = [f"https://h{i}.example:8443/kvsp/" for i in range(4)]
     rows = []
     for layers in (0, 32):
@@ -243,14 +262,16 @@ def _memory_cases(quick: bool) -> list[dict[str, object]]:
             return [ReplicaRecord.from_bytes(blob) for blob in blobs]
 
         ours, base = _traced_bytes(into_index) / n, _traced_bytes(into_list) / n
-        rows.append({"case": f"memory-per-record-{layers}layer-digests", "unit": "bytes/record",
-                     "value": round(ours), "baseline": round(base), "ratio": round(ours / base, 3),
-                     "records": n, "goal": "<= 1.25x the parsed records kept in a list"})
+        row = case(f"memory-per-record-{layers}layer-digests", round(ours), round(base),
+                   "<= 1.25x the parsed records kept in a list (ratio <= 1.25)", unit="octets/record",
+                   goal_max_ratio=1.25)
+        row["records"] = n
+        rows.append(row)
     return rows
 
 
 def run(quick: bool = False) -> dict[str, object]:
-    return {"name": "index", "params": {"keys": KEYS, "concurrency": CONCURRENCY},
+    return {"name": "index", "params": {"keys": KEYS, "concurrency": list(CONCURRENCIES)},
             "cases": [*_lookup_cases(quick), *_memory_cases(quick)]}
 
 
