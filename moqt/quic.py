@@ -6,7 +6,9 @@ aioquic's ``H3Connection`` does. Compared with ``aioquic.asyncio`` it reads up t
 datagrams per socket wake-up and builds packets once per batch (aioquic.asyncio builds after every
 datagram: about a third of receiver CPU); schedules a transmit whenever anything writes into the
 connection; bounds each stream's send buffer (``write``/``drain``); asks for 4 MiB socket buffers;
-picks the datagram size per peer and clamps it (:data:`MAX_DATAGRAM_SIZE`); and passes
+picks the datagram size per peer (64 KiB on loopback: ``HookedQuicConnection`` writes STREAM frames
+longer than aioquic's 16383-octet limit) and clamps it (:data:`MAX_DATAGRAM_SIZE`); can send runs of
+datagrams with UDP GSO (``QuicSettings.gso``, moqt/udp.py); and passes
 ``now = max(loop.time(), deadline)`` to fired timers, so 1 ms timer granularity (uvloop) cannot make
 aioquic's pacer spin. After the handshake it verifies the peer certificate (``moqt/tls.py``) before
 the session exists, and surfaces the peer identity.
@@ -49,6 +51,7 @@ from moqt.tls import (
     peer_certificate_chain,
     send_buffered,
 )
+from moqt.udp import DatagramSender, udp_socket
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +60,13 @@ DEFAULT_PORT: Final = 443
 NO_ERROR: Final = 0x0
 INTERNAL_ERROR: Final = 0x1
 UNAUTHORIZED: Final = 0x2
-MAX_DATAGRAM_SIZE: Final = 16000
-"""Largest usable ``max_datagram_size``. aioquic writes a STREAM frame's Length as a 2-byte varint
-(``push_uint16(len | 0x4000)``, 14 bits, at most 16383), so a packet that could carry a longer frame
-corrupts the length and the peer drops the connection. 16000 leaves room for headers and the AEAD tag."""
+MAX_DATAGRAM_SIZE: Final = 65507
+"""Largest usable ``max_datagram_size``: the largest UDP payload over IPv4. aioquic alone writes a STREAM
+frame's Length in 14 bits (at most 16383 octets), which capped packets at 16000; ``HookedQuicConnection``
+writes it in 30 bits and keeps handshake packets at 16000 (moqt/tls.py)."""
+LOOPBACK_DATAGRAM_SIZE: Final = 65488
+"""Loopback MTU (65536) less IPv6 and UDP headers: the largest datagram that crosses ``lo`` unfragmented
+for both address families."""
 _MAX_REASON: Final = 200
 _MAX_PENDING_EVENTS: Final = 64
 _MAX_SEND_BACKLOG: Final = 4096
@@ -133,7 +139,7 @@ def _clamp_datagram(name: str, value: int) -> int:
     if value < SMALLEST_MAX_DATAGRAM_SIZE:
         raise ValueError(f"{name} must be at least {SMALLEST_MAX_DATAGRAM_SIZE} (RFC 9000 section 14)")
     if value > MAX_DATAGRAM_SIZE:
-        log.warning("%s=%d clamped to %d: aioquic writes STREAM lengths in 14 bits", name, value, MAX_DATAGRAM_SIZE)
+        log.warning("%s=%d clamped to %d: the largest UDP payload over IPv4", name, value, MAX_DATAGRAM_SIZE)
         return MAX_DATAGRAM_SIZE
     return value
 
@@ -142,15 +148,16 @@ def _clamp_datagram(name: str, value: int) -> int:
 class QuicSettings:
     """QUIC knobs, with defaults for a datacenter LAN and loopback (where kvsp moves KV blocks).
 
-    Datagram size is the main throughput lever for a Python QUIC stack (per-packet CPU dominates): about
-    16 MB/s at 1200 octets vs 150+ MB/s at 16000 on loopback (benchmarks/bench_quic.py). Loopback peers
-    get ``loopback_datagram_size``, others ``max_datagram_size`` (1452 = Ethernet MTU 1500 minus IPv6 and
-    UDP headers; 8952 on a jumbo-frame fabric). aioquic has no path MTU discovery: a size the path
-    cannot carry unfragmented works only where IP fragments get through.
+    Datagram size is the main throughput lever for a Python QUIC stack (per-packet CPU dominates; see
+    docs/moqt-performance.md and benchmarks/bench_quic.py): 65488 octets on loopback move a block with
+    about half the CPU of 16000. Loopback peers get ``loopback_datagram_size``, others
+    ``max_datagram_size`` (1452 = Ethernet MTU 1500 minus IPv6 and UDP headers; 8952 on a jumbo-frame
+    fabric). aioquic has no path MTU discovery: a size the path cannot carry unfragmented works only
+    where IP fragments get through. Handshake datagrams stay at 16000 at most (moqt/tls.py).
     """
 
     max_datagram_size: int = 1452
-    loopback_datagram_size: int = MAX_DATAGRAM_SIZE
+    loopback_datagram_size: int = LOOPBACK_DATAGRAM_SIZE
     max_data: int = 64 << 20  # connection flow-control window: octets the peer may send ahead
     max_stream_data: int = 16 << 20  # per-stream window: a few KV layers
     max_datagram_frame_size: int = 65535  # QUIC DATAGRAM (RFC 9221), which MOQT object datagrams need
@@ -158,8 +165,10 @@ class QuicSettings:
     idle_timeout_s: float = 30.0
     initial_rtt_s: float = 0.01  # RTT guess before the first sample: a LAN value, so early loss recovers fast
     socket_buffer_bytes: int = 4 << 20
-    send_high_water: int = 1 << 20  # write() keeps at most this much unacknowledged per stream; resumes at 1/2
+    send_high_water: int = 4 << 20  # write() keeps at most this much unacknowledged per stream; resumes at 1/2
     recv_batch: int = 64  # datagrams read per socket wake-up before one transmit
+    ack_delay_s: float = 0.001  # how long a receiver may hold an ACK back (aioquic's value; below 25 ms)
+    gso: bool = False  # UDP GSO on Linux (moqt/udp.py): no gain measured here (docs/moqt-performance.md)
     handshake_timeout_s: float = 10.0
     auth_timeout_s: float = 10.0  # how long a client without certificate has to present a valid token (D3)
 
@@ -168,6 +177,8 @@ class QuicSettings:
             object.__setattr__(self, name, _clamp_datagram(name, getattr(self, name)))
         if min(self.max_data, self.max_stream_data, self.send_high_water, self.recv_batch) <= 0:
             raise ValueError("flow-control windows, send_high_water and recv_batch must be positive")
+        if not 0 <= self.ack_delay_s < 0.025:
+            raise ValueError("ack_delay_s must be within [0, 0.025): aioquic announces max_ack_delay 25 ms")
         if self.congestion_control not in ("reno", "cubic"):
             raise ValueError(f"congestion_control {self.congestion_control!r}: aioquic has reno and cubic")
 
@@ -427,6 +438,7 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
             elif isinstance(event, qe.ConnectionIdRetired):
                 self._endpoint.connection_id_retired(event.connection_id)
             elif isinstance(event, qe.HandshakeCompleted):
+                self.quic.handshake_done()
                 self._handshake_completed()
             self._dispatch(event)
             if isinstance(event, qe.ConnectionTerminated):
@@ -551,26 +563,8 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
 
 
 # -- UDP endpoints ---------------------------------------------------------------------------------
-def _udp_socket(family: int, address: tuple[str, int], buffer_bytes: int) -> socket.socket:
-    """A non-blocking UDP socket with large buffers (bursts at 100+ MB/s overflow the defaults)."""
-    sock = socket.socket(family, socket.SOCK_DGRAM)
-    try:
-        for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-            sock.setsockopt(socket.SOL_SOCKET, option, buffer_bytes)
-        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) < buffer_bytes:
-            log.info("UDP receive buffer capped below %d octets: raise net.core.rmem_max", buffer_bytes)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.bind(address)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 class _Endpoint:
-    """One UDP socket: batched reads, one transmit per connection per batch, a send backlog.
+    """One UDP socket: batched reads, one transmit per connection per batch, sends (moqt/udp.py).
 
     As is, it is a client's: every datagram goes to its one connection. :class:`MoqtServer` routes.
     """
@@ -578,7 +572,7 @@ class _Endpoint:
     def __init__(self, sock: socket.socket, settings: QuicSettings) -> None:
         self._loop = asyncio.get_running_loop()
         self._sock, self._settings = sock, settings
-        self._backlog: deque[tuple[bytes, NetworkAddress]] = deque()
+        self._sender = DatagramSender(self._loop, sock, gso=settings.gso, max_backlog=_MAX_SEND_BACKLOG)
         self._socket_open = True
         self.conn: MoqtConnection[Any] | None = None
         self._loop.add_reader(sock.fileno(), self._readable)
@@ -625,38 +619,13 @@ class _Endpoint:
 
     def send(self, datagrams: list[tuple[bytes, NetworkAddress]]) -> None:
         """Send now; on EAGAIN keep a bounded backlog (beyond it datagrams drop, QUIC sees a loss)."""
-        for item in datagrams:
-            if not self._socket_open:
-                return
-            if self._backlog:
-                if len(self._backlog) < _MAX_SEND_BACKLOG:
-                    self._backlog.append(item)
-                continue
-            try:
-                self._sock.sendto(*item)
-            except (BlockingIOError, InterruptedError):
-                self._backlog.append(item)
-                self._loop.add_writer(self._sock.fileno(), self._writable)
-            except OSError as exc:
-                log.debug("UDP send to %s failed: %s", item[1], exc)
-
-    def _writable(self) -> None:
-        while self._backlog:
-            try:
-                self._sock.sendto(*self._backlog[0])
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                log.debug("UDP send failed: %s", exc)
-            self._backlog.popleft()
-        self._loop.remove_writer(self._sock.fileno())
+        self._sender.send(datagrams)
 
     def close_socket(self) -> None:
         if self._socket_open:
             self._socket_open = False
             self._loop.remove_reader(self._sock.fileno())
-            if self._backlog:
-                self._loop.remove_writer(self._sock.fileno())
+            self._sender.close()
             self._sock.close()
 
 
@@ -670,12 +639,13 @@ async def connect(uri: str, config: EndpointConfig, session_factory: SessionFact
     family, _, _, _, sockaddr = (await loop.getaddrinfo(target.host, target.port, type=socket.SOCK_DGRAM))[0]
     address: NetworkAddress = sockaddr
     bind = ("::", 0) if family == socket.AF_INET6 else ("0.0.0.0", 0)
-    endpoint = _Endpoint(_udp_socket(family, bind, config.settings.socket_buffer_bytes), config.settings)
+    endpoint = _Endpoint(udp_socket(family, bind, config.settings.socket_buffer_bytes), config.settings)
     conn: MoqtConnection[E] | None = None
     try:
         qc = config.quic_configuration(is_client=True, datagram_size=config.settings.datagram_size_for(address),
                                        server_name=target.host)
-        conn = MoqtConnection(HookedQuicConnection(configuration=qc), endpoint, address, config, session_factory,
+        quic = HookedQuicConnection(configuration=qc, ack_delay_s=config.settings.ack_delay_s)
+        conn = MoqtConnection(quic, endpoint, address, config, session_factory,
                               uri=target, on_event=on_event, expected_identity=expected_identity)
         endpoint.conn = conn
         conn.quic.connect(address, now=loop.time())
@@ -742,7 +712,8 @@ class MoqtServer(_Endpoint, Generic[E]):
         qc = self._configurations.get(size)
         if qc is None:
             qc = self._configurations[size] = self.config.quic_configuration(is_client=False, datagram_size=size)
-        quic = HookedQuicConnection(configuration=qc, original_destination_connection_id=original_cid)
+        quic = HookedQuicConnection(configuration=qc, original_destination_connection_id=original_cid,
+                                    ack_delay_s=self.config.settings.ack_delay_s)
         quic.request_client_certificate = True
         conn = MoqtConnection(quic, self, address, self.config, self._factory, on_event=self._on_event)
         self._routes[original_cid] = self._routes[quic.host_cid] = conn
@@ -791,7 +762,7 @@ async def serve(host: str, port: int, config: EndpointConfig, session_factory: S
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
     family, _, _, _, sockaddr = infos[0]
-    sock = _udp_socket(family, (str(sockaddr[0]), int(sockaddr[1])), config.settings.socket_buffer_bytes)
+    sock = udp_socket(family, (str(sockaddr[0]), int(sockaddr[1])), config.settings.socket_buffer_bytes)
     try:
         return MoqtServer(sock, config, session_factory, on_event)
     except BaseException:

@@ -19,7 +19,8 @@ the adapter (``moqt/quic.py``) closes a failing connection with MOQT ``UNAUTHORI
 
 The module also holds :class:`PeerAuthentication`, the identity surface a connection exposes
 (certificate or AUTHORIZATION_TOKEN), and, at the end, the only code that reaches into aioquic's
-private state (peer certificate, client-certificate request, send-buffer size).
+private state (peer certificate, client-certificate request, send-buffer size, datagram size, ACK
+delay, STREAM frame writing).
 """
 
 from __future__ import annotations
@@ -30,11 +31,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
-from aioquic.buffer import Buffer  # type: ignore[attr-defined]  # re-exported by aioquic.buffer without __all__
+from aioquic.buffer import Buffer, size_uint_var  # type: ignore[attr-defined]  # re-exported without __all__
 from aioquic.quic.connection import QuicConnection
-from aioquic.quic.packet import pull_quic_transport_parameters
+from aioquic.quic.packet import QuicFrameType, pull_quic_transport_parameters
+from aioquic.quic.packet_builder import QuicPacketBuilder
+from aioquic.quic.recovery import QuicPacketSpace
+from aioquic.quic.stream import QuicStream
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
@@ -258,8 +262,16 @@ def send_buffered(quic: QuicConnection, stream_id: int) -> int:
     return stream.sender._buffer_stop - stream.sender._buffer_start
 
 
+HANDSHAKE_DATAGRAM_SIZE: Final = 16000
+"""Largest datagram during the handshake (see :class:`HookedQuicConnection`)."""
+_MAX_UDP_PAYLOAD: Final = 65527  # RFC 9000 section 18.2: the largest max_udp_payload_size
+_STREAM_LENGTH_FIELD: Final = 4
+"""Octets of a STREAM frame's Length varint when we write it: 4 (values up to 2**30 - 1), where
+aioquic 1.7.2 always writes 2 (``push_uint16(len | 0x4000)``, at most 16383)."""
+
+
 class HookedQuicConnection(QuicConnection):
-    """The ``QuicConnection`` used by ``moqt/quic.py``, with two hooks aioquic lacks.
+    """The ``QuicConnection`` used by ``moqt/quic.py``, with three hooks aioquic lacks.
 
     * ``on_write`` runs whenever something is queued for sending or the connection is closed (by the
       session or the application), so the adapter can schedule a transmit; it is set right after
@@ -269,11 +281,34 @@ class HookedQuicConnection(QuicConnection):
       ClientHello in the same call, so the flag must be set right there; overriding ``_initialize``
       is the only hook in between. The request is not a demand: a client without a certificate
       answers with an empty Certificate, and the adapter then waits for AUTHORIZATION_TOKEN (D3).
+    * STREAM frames longer than 16383 octets (:meth:`_write_stream_frame`), so a packet may be as large
+      as the path allows (64 KiB on loopback) instead of ~16 KiB: aioquic's cost is per packet, so this
+      is its main throughput lever (docs/moqt-performance.md).  Every QUIC receiver parses a varint
+      of any length, so stock peers read these frames as they read aioquic's.
     """
 
     on_write: Callable[[], None]
     request_client_certificate = False
     closing = False  # close() was called: nothing more can be sent
+    _peer_payload_limit = _MAX_UDP_PAYLOAD
+    _data_datagram_size = 0  # the configured size, used once the handshake is over (0: not limited)
+
+    def __init__(self, *args: Any, ack_delay_s: float | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if ack_delay_s is not None:  # how long after the first unacknowledged packet aioquic sends an ACK
+            self._ack_delay = ack_delay_s
+        # Handshake packets have long headers, whose Length aioquic writes in 14 bits, and CRYPTO frames
+        # written by aioquic: keep them within HANDSHAKE_DATAGRAM_SIZE; congestion control and pacing
+        # are sized for the configured (data) size from the start.
+        if self._max_datagram_size > HANDSHAKE_DATAGRAM_SIZE:
+            self._data_datagram_size = self._max_datagram_size
+            self._max_datagram_size = HANDSHAKE_DATAGRAM_SIZE
+
+    def handshake_done(self) -> None:
+        """The handshake is over: send packets of the configured size (within the peer's limit)."""
+        if self._data_datagram_size:
+            self._max_datagram_size = min(self._data_datagram_size, self._peer_payload_limit)
+            self._data_datagram_size = 0
 
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)
@@ -288,12 +323,37 @@ class HookedQuicConnection(QuicConnection):
         # packets after the handshake.  Honour the limit (RFC 9000 section 18.2).
         super()._parse_transport_parameters(data, from_session_ticket)
         limit = pull_quic_transport_parameters(Buffer(data=data)).max_udp_payload_size
-        if limit is not None and limit < self._max_datagram_size:
-            self._max_datagram_size = limit
+        if limit is not None:
+            self._peer_payload_limit = limit
+            self._max_datagram_size = min(self._max_datagram_size, limit)
 
     def send_stream_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
         super().send_stream_data(stream_id, data, end_stream)
         self.on_write()
+
+    def _write_stream_frame(self, builder: QuicPacketBuilder, space: QuicPacketSpace, stream: QuicStream,
+                            max_offset: int) -> int:
+        # aioquic's version with one change: the Length field is a 4-octet varint (RFC 9000 section 16)
+        # instead of a 2-octet one, so one frame can fill a packet of up to 2**30 octets.
+        sender, stream_id = stream.sender, stream.stream_id
+        assert stream_id is not None  # only the crypto streams, not written here, have none
+        overhead = (1 + size_uint_var(stream_id) + _STREAM_LENGTH_FIELD
+                    + (size_uint_var(sender.next_offset) if sender.next_offset else 0))
+        previous_highest = sender.highest_offset
+        frame = sender.get_frame(builder.remaining_flight_space - overhead, max_offset)
+        if frame is None:
+            return 0
+        frame_type = QuicFrameType.STREAM_BASE | 2 | (4 if frame.offset else 0) | (1 if frame.fin else 0)
+        buf = builder.start_frame(frame_type, capacity=overhead, handler=sender.on_data_delivery,
+                                  handler_args=(frame.offset, frame.offset + len(frame.data), frame.fin))
+        buf.push_uint_var(stream_id)
+        if frame.offset:
+            buf.push_uint_var(frame.offset)
+        buf.push_uint32(len(frame.data) | 0x80000000)
+        buf.push_bytes(frame.data)
+        if self._quic_logger is not None and builder.quic_logger_frames is not None:
+            builder.quic_logger_frames.append(self._quic_logger.encode_stream_frame(frame, stream_id=stream_id))
+        return sender.highest_offset - previous_highest
 
     def reset_stream(self, stream_id: int, error_code: int) -> None:
         super().reset_stream(stream_id, error_code)
