@@ -1,7 +1,10 @@
 """Engines behind the instance (decision D6) and the measurements the status record reports.
 
 ``engine = "test"`` is `kvsp.engine.DeterministicTestEngine` with the geometry of the configured
-Compatibility Descriptor; the Hugging Face adapter ("hf:DIR") comes with the torch work.  One `Engine`
+Compatibility Descriptor.  ``engine = "hf:DIR"`` is `kvsp.hf.engine.HfEngine` over the model in DIR
+(decision D6): the descriptor derived from DIR's files must have the configured descriptor's compat_id,
+else the instance refuses to start (its blocks would be labelled with another model's identity); the
+files are hashed before the weights are loaded, so a mismatch costs no model load.  One `Engine`
 object is one generation context, so the instance makes one per session through an `EngineFactory`.
 The test engine computes in microseconds; `Pacing` gives it an artificial cost per prefilled and per
 decoded token (``[instance] test_prefill_us_per_token`` / ``test_decode_us_per_token``), spent in the
@@ -19,10 +22,23 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, TypeVar
 
+from control.instance.settings import HF_PREFIX
 from kvsp.descriptor import CompatDescriptor
-from kvsp.engine import BlockKv, Bytes, DeterministicTestEngine, Engine, EngineGeometry, LayerKv, Step, greedy_sampler
+from kvsp.engine import (
+    BlockKv,
+    Bytes,
+    DeterministicTestEngine,
+    Engine,
+    EngineGeometry,
+    LayerKv,
+    OnLayer,
+    Step,
+    WaitLayer,
+    greedy_sampler,
+)
 from kvsp.errors import ValidationError
 from kvsp.records import Sampler
 
@@ -74,6 +90,24 @@ class PacedEngine:
         time.sleep(self._pacing.prefill_us_per_token * max(0, len(tokens) - loaded) / 1e6)
         return step
 
+    def prefill_layerwise(self, tokens: Sequence[int], prefix_blocks: int, wait_layer: WaitLayer,
+                          on_layer: OnLayer | None = None) -> Step:
+        """The inner engine's layer-wise prefill, each layer taking its share of the paced cost."""
+        inner = getattr(self._engine, "prefill_layerwise", None)
+        if inner is None:
+            raise TypeError("the paced engine does not prefill layer by layer")
+        g = self._engine.geometry
+        computed_tokens = len(tokens) - prefix_blocks * g.block_tokens
+        per_layer_s = self._pacing.prefill_us_per_token * computed_tokens / g.layers / 1e6
+
+        def computed(layer: int) -> None:
+            time.sleep(per_layer_s)  # layer l "takes" this long: layer l+1 starts later
+            if on_layer is not None:
+                on_layer(layer)
+
+        step: Step = inner(tokens, prefix_blocks, wait_layer, computed)
+        return step
+
     def decode_step(self) -> Step:
         step = self._engine.decode_step()
         time.sleep(self._pacing.decode_us_per_token / 1e6)
@@ -93,8 +127,12 @@ class PacedEngine:
 
 
 def engine_factory(name: str, descriptor: CompatDescriptor, *, vocab_size: int,
-                   pacing: Pacing = Pacing()) -> tuple[EngineFactory, EngineGeometry]:
+                   pacing: Pacing = Pacing(), chunk_tokens: int = 0) -> tuple[EngineFactory, EngineGeometry]:
     """The factory for ``name`` and its geometry, checked against ``descriptor``."""
+    if name.startswith(HF_PREFIX):
+        if pacing != Pacing():
+            raise ValidationError("instance.engine", "test_*_us_per_token pace the test engine only")
+        return hf_engine_factory(Path(name[len(HF_PREFIX) :]), descriptor, chunk_tokens=chunk_tokens)
     if name != "test":
         raise ValidationError("instance.engine", f"unknown engine {name!r}")
     if descriptor.element.size != 2:
@@ -110,6 +148,32 @@ def engine_factory(name: str, descriptor: CompatDescriptor, *, vocab_size: int,
         return PacedEngine(engine, pacing) if paced else engine
 
     return make, geometry
+
+
+def hf_engine_factory(directory: Path, descriptor: CompatDescriptor, *,
+                      chunk_tokens: int = 0) -> tuple[EngineFactory, EngineGeometry]:
+    """`HfEngine` over the model in ``directory``, which must be the model ``descriptor`` names.
+
+    ``chunk_tokens`` (a multiple of B, 0: none) computes prompts chunk by chunk, so that a prefill over
+    a loaded prefix runs the very kernels a full recompute runs: bit-identical logits (docs/engine.md)."""
+    if chunk_tokens % descriptor.block_tokens:
+        raise ValidationError("instance.hf_chunk_tokens", f"must be a multiple of block_tokens "
+                                                          f"({descriptor.block_tokens})")
+    from kvsp.hf.descriptor import descriptor_from_model_dir  # noqa: PLC0415 - torch only for this engine
+
+    try:
+        found = descriptor_from_model_dir(directory, block_tokens=descriptor.block_tokens, kv_dtype=descriptor.kv_dtype)
+    except OSError as exc:
+        raise ValidationError("instance.engine", f"cannot read the model in {directory}: {exc}") from exc
+    if found.compat_id != descriptor.compat_id:
+        raise ValidationError("instance.engine", f"the model in {directory} has compat_id {found.compat_id.hex()}, "
+                                                 f"the configured descriptor {descriptor.compat_id.hex()}")
+    from kvsp.hf.engine import HfModel  # noqa: PLC0415
+
+    model = HfModel.load(directory, block_tokens=descriptor.block_tokens, kv_dtype=descriptor.kv_dtype,
+                         chunk_tokens=chunk_tokens or None)
+    check_geometry(model.geometry, descriptor)
+    return model.engine, model.geometry
 
 
 def calibrate(make: EngineFactory, block_tokens: int) -> tuple[float, float]:

@@ -6,6 +6,11 @@ through `kvsp.client.fetch.BlockFetcher` (lookup, lease, GET, every digest of se
 to the next replica, withdrawal of bad replicas), bounded by a deadline.  Blocks fetched from other
 holders are placed in the own tiers, so this instance becomes one more replica (published when the
 holder role runs in this process).
+
+`ContextLoader.begin` is the layer-wise variant (`control.instance.layerwise`): it imports the own
+tiers' blocks, looks the rest up, and starts fetching them in the background with each verified layer
+handed to the engine's ``import_kv`` the moment it arrives (HTTPS streaming read or MOQT objects), so
+that ``prefill_layerwise`` computes layer l while later layers are on the wire.
 """
 
 from __future__ import annotations
@@ -18,10 +23,15 @@ from typing import Final
 
 from control.holder.store import BlockId
 from control.instance.blocks import Tiers
+from control.instance.layerwise import WAIT_MARGIN_S, LayerGate
 from control.instance.metrics import InstanceMetrics
 from kvsp.client.fetch import BlockFetcher, FetchResult, Outcome
-from kvsp.container import Container
+from kvsp.client.http import TransportError
+from kvsp.container import Container, LayerView
 from kvsp.engine import Engine
+from kvsp.errors import ValidationError
+from kvsp.problems import ProblemError
+from kvsp.records import LookupRequest, ReplicaRecord
 
 log = logging.getLogger("kvsp.instance.loading")
 
@@ -40,6 +50,44 @@ class LoadedPrefix:
     @property
     def remote(self) -> int:
         return len(self.blocks) - self.local
+
+
+@dataclass(slots=True, eq=False)
+class StreamingLoad:
+    """A prefix being loaded layer by layer into one engine (`ContextLoader.begin`).
+
+    ``gate`` covers the ``local`` own-tier blocks (already imported) and the ``remote`` blocks the IS
+    matched; ``task`` fetches those, then settles the gate and places what was loaded in the own tiers.
+    """
+
+    gate: LayerGate
+    local: list[Container]
+    remote: int
+    task: asyncio.Task[FetchResult] | None = None
+
+    @property
+    def blocks(self) -> int:
+        return len(self.local) + self.remote
+
+    async def result(self) -> LoadedPrefix:
+        """The blocks loaded in the end (whole and verified), own-tier ones first."""
+        prefix = LoadedPrefix(list(self.local), len(self.local))
+        if self.task is not None:
+            try:
+                fetched = await asyncio.shield(self.task)
+            except (asyncio.CancelledError, TimeoutError):
+                return prefix
+            prefix.blocks.extend(loaded.container for loaded in fetched.blocks)
+        return prefix
+
+    async def close(self, *, cancel: bool) -> None:
+        """The session ended: release a waiting engine thread; let the fetch finish placing what it loaded
+        in the own tiers (bounded by its deadline), or stop it (``cancel``: the session failed or was fenced)."""
+        self.gate.fail("the session ended")
+        if self.task is not None and not self.task.done():
+            if cancel:
+                self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
 
 
 def container_bytes(container: Container) -> bytes:
@@ -80,6 +128,68 @@ class ContextLoader:
         if rest and fetch:
             await self._fetch(scope_id, rest, prefix, deadline_s)
         return prefix
+
+    async def begin(self, scope_id: bytes, keys: Sequence[bytes], engine: Engine, *, layers: int,
+                    deadline_s: float) -> StreamingLoad:
+        """Import the own tiers' leading blocks, look the rest up, and start fetching them layer-wise."""
+        local: list[Container] = []
+        for key in keys:
+            held = await self.tiers.local.read(BlockId(self.compat_id, scope_id, key))
+            if held is None:
+                break
+            local.append(held)
+        await asyncio.to_thread(import_prefix, engine, local)
+        rest = keys[len(local) :]
+        fetcher = self.fetchers(LOAD_LEASE_MS, deadline_s)
+        replicas = await self._lookup(fetcher, scope_id, rest, deadline_s) if rest else ()
+        load = StreamingLoad(LayerGate(len(local) + len(replicas), layers, timeout_s=deadline_s + WAIT_MARGIN_S),
+                             local, len(replicas))
+        for block in range(len(local)):
+            load.gate.imported_all(block)
+        if replicas:
+            load.task = asyncio.get_running_loop().create_task(
+                self._stream(fetcher, scope_id, rest, replicas, engine=engine, load=load))
+        return load
+
+    async def _lookup(self, fetcher: BlockFetcher, scope_id: bytes, keys: Sequence[bytes],
+                      deadline_s: float) -> tuple[tuple[ReplicaRecord, ...], ...]:
+        """The replica groups of the leading matched keys; none when the IS cannot answer (recompute)."""
+        stats = fetcher.stats
+        stats.lookups += 1
+        stats.lookup_keys += len(keys)
+        try:
+            async with asyncio.timeout(deadline_s):
+                response = await fetcher.index.lookup(LookupRequest(scope_id, self.compat_id, tuple(keys)))
+        except (ProblemError, TransportError, ValidationError, TimeoutError) as exc:
+            stats.lookup_failures += 1
+            log.warning("lookup failed, recomputing %d blocks: %s", len(keys), exc)
+            return ()
+        stats.matched_keys += response.matched
+        return response.replicas
+
+    async def _stream(self, fetcher: BlockFetcher, scope_id: bytes, keys: Sequence[bytes],
+                      replicas: Sequence[Sequence[ReplicaRecord]], *, engine: Engine,
+                      load: StreamingLoad) -> FetchResult:
+        first, gate = len(load.local), load.gate
+
+        def arrived(index: int, view: LayerView) -> None:  # event loop; import_kv is a copy at most
+            engine.import_kv(first + index, view.layer, view.k, view.v)
+            gate.imported(first + index, view.layer)
+
+        try:
+            result = await fetcher.load(scope_id, self.compat_id, replicas, requested=len(keys),
+                                        block_tokens=self.block_tokens, on_layer=arrived)
+        except BaseException:
+            gate.fail("the fetch was stopped")
+            raise
+        if result.loaded_blocks < len(replicas):
+            gate.fail(f"block {first + result.loaded_blocks} could not be loaded"
+                      + (" before the deadline" if result.deadline_expired else ""))
+        record_attempts(result, self.metrics)
+        for loaded in result.blocks:
+            await self.tiers.place(BlockId(self.compat_id, scope_id, loaded.block_key),
+                                   container_bytes(loaded.container), computed=False)
+        return result
 
     async def _fetch(self, scope_id: bytes, keys: Sequence[bytes], prefix: LoadedPrefix, deadline_s: float) -> None:
         fetcher = self.fetchers(LOAD_LEASE_MS, deadline_s)

@@ -33,6 +33,8 @@ class InstanceMetrics:
     shard_bytes_staged: Gauge  # KV octets fetched for versions not yet committed
     sessions_running: Gauge
     sessions_queued: Gauge
+    layerwise_prefills: Counter  # label: result (overlapped, fallback)
+    live_layers: Counter  # MOQT objects published live during prefills
 
     @classmethod
     def register(cls, metrics: Metrics) -> InstanceMetrics:
@@ -64,4 +66,7 @@ class InstanceMetrics:
             shard_bytes_staged=g("kvsp_instance_shard_bytes_staged", "KV octets fetched for uncommitted versions"),
             sessions_running=g("kvsp_instance_sessions_running", "Sessions generating now"),
             sessions_queued=g("kvsp_instance_sessions_queued", "Sessions admitted and waiting"),
+            layerwise_prefills=c("kvsp_instance_layerwise_prefills_total",
+                                 "Prefills overlapped with loading the prefix layer by layer", ("result",)),
+            live_layers=c("kvsp_instance_live_layers_total", "Block layers published live over MOQT in prefills"),
         )

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from control.config import RoleConfig
 from control.holder.app import HOLDER
+from control.holder.moqt import HOLDER_MOQT
 from control.instance.blocks import HolderBlocks, LocalBlocks, MemoryBlocks, Replicator, Tiers
 from control.instance.core import PrefetchTracker
 from control.instance.engines import EngineFactory, Pacing, RateMeter, calibrate, engine_factory
@@ -26,7 +27,7 @@ from control.instance.pc_client import PcClient
 from control.instance.prefetching import PrefetchRunner
 from control.instance.resharding import ShardHost
 from control.instance.service import Instance
-from control.instance.sessions import SessionDeps
+from control.instance.sessions import LiveSource, SessionDeps
 from control.instance.settings import InstanceSettings
 from control.serve import Clock
 from control.tls import client_context
@@ -34,7 +35,9 @@ from kvsp.client.fetch import BlockFetcher, ClientStats, FetchOptions
 from kvsp.client.holder import HolderClient
 from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient
+from kvsp.client.moqt import MoqtBlockClient, MoqtClientOptions
 from kvsp.container import Geometry
+from kvsp.errors import ValidationError
 
 log = logging.getLogger("kvsp.instance")
 
@@ -56,7 +59,8 @@ class InstanceRole:
         self.engines: EngineFactory
         limits = settings.limits
         pacing = Pacing(limits.test_prefill_us_per_token, limits.test_decode_us_per_token)
-        self.engines, _ = engine_factory(settings.engine, descriptor, vocab_size=limits.vocab_size, pacing=pacing)
+        self.engines, _ = engine_factory(settings.engine, descriptor, vocab_size=limits.vocab_size, pacing=pacing,
+                                         chunk_tokens=limits.hf_chunk_tokens)
         self.geometry = Geometry.for_dtype(descriptor.kv_heads, descriptor.head_dim, descriptor.kv_dtype,
                                            descriptor.layers)
         self.tracker = PrefetchTracker(config.policy.pc or "", compat_id=descriptor.compat_id,
@@ -65,6 +69,7 @@ class InstanceRole:
                                 max_maps=settings.limits.max_maps)
         self.stats = ClientStats()
         self._http: KvspSession | None = None
+        self._moqt: MoqtBlockClient | None = None
         self._instance: Instance | None = None
         self._prefetch: PrefetchRunner | None = None
         self._replicator: Replicator | None = None
@@ -95,10 +100,32 @@ class InstanceRole:
         return self._replicator
 
     def fetcher(self, lease_ms: int | None, deadline_s: float | None) -> BlockFetcher:
+        """moqt:// replicas compete with https ones on the reported links' cost when ``moqt_fetch`` is set."""
         session = self._session()
+        options = FetchOptions(lease_ms=lease_ms, deadline_s=deadline_s, geometry=self.geometry,
+                               links=self.settings.links, concurrency=self.settings.limits.fetch_concurrency)
         return BlockFetcher(session, IndexClient(session, self.settings.index), holder=HolderClient(session),
-                            options=FetchOptions(lease_ms=lease_ms, deadline_s=deadline_s, geometry=self.geometry),
-                            stats=self.stats)
+                            options=options, stats=self.stats, moqt=self._moqt)
+
+    def _moqt_client(self) -> MoqtBlockClient | None:
+        """The MOQT block client (``moqt_fetch``): the role's certificate and CA, as over HTTPS (D3)."""
+        tls = self.config.tls
+        if not self.settings.moqt_fetch:
+            return None
+        if tls is None:
+            raise ValidationError("instance.moqt_fetch", "needs [tls]: MOQT peers authenticate mutually (D3)")
+        options = MoqtClientOptions(object_timeout_s=self.settings.limits.moqt_object_timeout_ms / 1000)
+        return MoqtBlockClient.from_files(tls.cert, tls.key, tls.ca, options=options)
+
+    def _live_source(self, app: web.Application) -> LiveSource | None:
+        """``publish_live``: computed blocks go out on this process's holder's MOQT listener."""
+        if not self.settings.publish_live:
+            return None
+        moqt = app.get(HOLDER_MOQT)
+        if moqt is None:
+            raise ValidationError("instance.publish_live", "needs the holder role in this process with "
+                                                           "[holder] moqt_listen and moqt_uri")
+        return LiveSource(moqt.publisher, moqt.holder_id)
 
     def _local_blocks(self, app: web.Application) -> LocalBlocks:
         holder = app.get(HOLDER)
@@ -113,6 +140,8 @@ class InstanceRole:
     async def start(self, app: web.Application) -> None:
         settings, limits = self.settings, self.settings.limits
         tls = self.config.tls
+        live = self._live_source(app)
+        self._moqt = self._moqt_client()
         self._http = session = KvspSession(client_context(tls) if tls is not None else None)
         self._replicator = Replicator(HolderClient(session), settings.replicate_to, self.metrics)
         tiers = Tiers(self._local_blocks(app), self._replicator, self.metrics)
@@ -125,7 +154,8 @@ class InstanceRole:
             tiers=tiers, pc=PcClient(session, settings.pc, self.config.server.base_uri,
                                      timeout_s=limits.pc_timeout_ms / 1000),
             batch=asyncio.Semaphore(limits.batch_size), prefill=prefill, decode=decode,
-            metrics=self.metrics, limits=limits, geometry=self.geometry, block_tokens=block_tokens)
+            metrics=self.metrics, limits=limits, geometry=self.geometry, block_tokens=block_tokens,
+            layerwise=settings.layerwise, live=live)
         self._prefetch = PrefetchRunner(self.tracker, tiers, index=lambda: IndexClient(session, settings.index),
                                         fetchers=self.fetcher, clock=self.clock, metrics=self.metrics,
                                         concurrency=limits.prefetch_concurrency, block_tokens=block_tokens)
@@ -152,5 +182,7 @@ class InstanceRole:
 
     async def close(self) -> None:
         await self.stop_work()
+        if self._moqt is not None:
+            await self._moqt.close()
         if self._http is not None:
             await self._http.close()

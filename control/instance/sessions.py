@@ -4,7 +4,10 @@ A `SessionSpec` says what to compute, whether it came from POST sessions/{sessio
 POST sessions/{session}/resume; a `SessionRun` carries it out:
 
 1. load the cached prefix (own tiers, then the IS and other holders), import it layer by layer into
-   the engine and prefill the rest (recompute), in a worker thread;
+   the engine and prefill the rest (recompute), in a worker thread; with a layer-wise engine a start
+   fetches and computes at once (`control.instance.layerwise`): layer l is computed as soon as layer l
+   of every prefix block arrived, and a block that cannot be loaded makes it recompute from there;
+   with ``publish_live`` the blocks computed here go out as MOQT objects layer by layer meanwhile;
 2. generate up to max_tokens: each sampled token goes through the gate, which labels it (index,
    epoch), releases it at once (deterministic sampler) or after the PC acknowledged a covering
    checkpoint (otherwise), and says when a checkpoint is due (each completed block, at least every
@@ -33,19 +36,22 @@ from control.holder.store import BlockId
 from control.instance.blocks import Tiers
 from control.instance.core import OutputGate
 from control.instance.engines import RateMeter, timed
-from control.instance.loading import ContextLoader, LoadedPrefix, import_prefix
+from control.instance.layerwise import LiveBlocks, LoadAborted, layerwise
+from control.instance.loading import ContextLoader, LoadedPrefix, StreamingLoad, import_prefix
 from control.instance.metrics import InstanceMetrics
 from control.instance.output import CheckpointSender, TokenLog
 from control.instance.pc_client import Fenced, PcClient
 from control.instance.records import CheckpointAck
 from control.instance.settings import Limits
 from kvsp.container import Geometry, encode_container
-from kvsp.engine import Engine, Step
+from kvsp.engine import Engine, Step, WaitLayer
 from kvsp.errors import KvspError
+from kvsp.identifiers import TrackNamespace
 from kvsp.keys import ZERO_KEY, BlockKeyChain, ScopeKey
 from kvsp.records import PrefetchStatus, SessionCheckpoint
 from kvsp.records.generation import ResumeRequest, StartSession, StreamEnd
 from kvsp.registry import Codec
+from moqt.api import Publisher
 
 log = logging.getLogger("kvsp.instance.sessions")
 
@@ -114,6 +120,16 @@ class SessionDeps:
     block_tokens: int
     # The prefetch directive sent for a session (request_ref), once it has ended; None: there was none.
     prefetched: Callable[[str], Awaitable[PrefetchStatus | None]] | None = None
+    layerwise: bool = True  # a start loads its prefix layer-wise, overlapped with prefill (when the engine can)
+    live: LiveSource | None = None  # publish_live: the holder's MOQT publisher
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSource:
+    """Where computed blocks are published live: the holder's MOQT publisher and its holder-id."""
+
+    publisher: Publisher
+    holder_id: str
 
 
 class SessionRun:
@@ -162,13 +178,7 @@ class SessionRun:
         prefix it placed in the own tiers and recomputes the rest (section 6.5: past the deadline the
         remaining tokens are recomputed), instead of fetching the same blocks a second time."""
         limit_s = self.deps.limits.load_timeout_ms / 1000
-        fetch = True
-        if self.spec.kind == START and self.deps.prefetched is not None:
-            try:
-                async with asyncio.timeout(limit_s):
-                    fetch = await self.deps.prefetched(self.session) is None
-            except TimeoutError:
-                fetch = False
+        fetch = await self._fetch_wanted()
         prefix = await self.deps.loader.load(self.spec.base.scope_id, self.keys, deadline_s=limit_s, fetch=fetch)
         if len(prefix.blocks) < self.spec.required:
             raise SessionFailed(f"session {self.session}: prompt block {len(prefix.blocks)} of "
@@ -176,16 +186,41 @@ class SessionRun:
         self.prefix = prefix
         return prefix
 
+    async def _fetch_wanted(self) -> bool:
+        """False for a start whose prefetch directive already loaded what was worth loading."""
+        if self.spec.kind != START or self.deps.prefetched is None:
+            return True
+        try:
+            async with asyncio.timeout(self.deps.limits.load_timeout_ms / 1000):
+                return await self.deps.prefetched(self.session) is None
+        except TimeoutError:
+            return False
+
+    async def _begin(self) -> StreamingLoad | None:
+        """A start with a layer-wise engine: begin loading its prefix layer by layer (None: load first)."""
+        if self.spec.kind != START or not self.deps.layerwise or layerwise(self.engine) is None:
+            return None
+        if not await self._fetch_wanted():
+            return None
+        blocks = len(self.spec.context) // self.deps.block_tokens
+        return await self.deps.loader.begin(self.spec.base.scope_id, self.keys[:blocks], self.engine,
+                                            layers=self.engine.geometry.layers,
+                                            deadline_s=self.deps.limits.load_timeout_ms / 1000)
+
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run())
 
     async def run(self) -> None:
         reason = "failed"
+        streaming: StreamingLoad | None = None
         try:
-            prefix = self.prefix if self.prefix is not None else await self.load()
+            prefix = self.prefix
+            if prefix is None:
+                streaming = await self._begin()
+                prefix = await self.load() if streaming is None else None
             async with self.deps.batch:
                 self.running = True
-                step = await self._prefill(prefix)
+                step = await (self._prefill(prefix) if prefix is not None else self._prefill_streaming(streaming))
                 if step is not None:
                     await self._generate(step)
                 self.running = False
@@ -197,6 +232,8 @@ class SessionRun:
             log.error("session %s epoch %d failed: %s", self.session, self.epoch, exc,
                       exc_info=not isinstance(exc, SessionFailed))
         finally:
+            if streaming is not None:
+                await streaming.close(cancel=reason != "max_tokens")
             self.running = False
             self.log.close(self.log.end)
             await self.sender.close()
@@ -211,19 +248,73 @@ class SessionRun:
         blocks = prefix.blocks[: len(context) // b]
         if self.spec.kind == RESUME:
             engine.restore_sampler(self.spec.base.sampler)
+        await asyncio.to_thread(import_prefix, engine, blocks)
+        step, seconds = await self._compute(len(blocks), None)
+        return await self._prefilled(step, seconds, len(blocks), prefix.local)
 
-        def work() -> tuple[Step, float]:
-            import_prefix(engine, blocks)
-            return timed(lambda: engine.prefill(context))
-
-        step, seconds = await asyncio.to_thread(work)
-        loaded = len(blocks) * b
+    async def _prefill_streaming(self, load: StreamingLoad | None) -> Step | None:
+        """Compute while the prefix arrives; a block that cannot be loaded: recompute from it."""
+        if load is None or self.gate.output_offset >= self.spec.max_tokens:
+            return None
         metrics = self.deps.metrics
-        metrics.tokens_fetched.labels("local").inc(min(prefix.local, len(blocks)) * b)
-        metrics.tokens_fetched.labels("remote").inc(max(0, len(blocks) - prefix.local) * b)
+        try:
+            step, seconds = await self._compute(load.blocks, load.gate.wait_layer)
+        except LoadAborted as exc:
+            prefix = await load.result()
+            log.info("session %s: %s; recomputing from block %d", self.session, exc, len(prefix.blocks))
+            metrics.layerwise_prefills.labels("fallback").inc()
+            return await self._prefill(prefix)
+        metrics.layerwise_prefills.labels("overlapped").inc()
+        return await self._prefilled(step, seconds, load.blocks, len(load.local))
+
+    async def _compute(self, prefix_blocks: int, wait_layer: WaitLayer | None) -> tuple[Step, float]:
+        """Prefill the context over ``prefix_blocks`` imported (or arriving) blocks, in a worker thread;
+        layer-wise when the prefix is still arriving or computed blocks are published live."""
+        context, engine = self.spec.context, self.engine
+        by_layer = layerwise(engine)
+        live = self._live(prefix_blocks) if by_layer is not None else None
+        if by_layer is None or (wait_layer is None and live is None):
+            return await asyncio.to_thread(timed, lambda: engine.prefill(context))
+        waited = [0.0]  # seconds spent waiting for the prefix: not compute, so not in the prefill rate
+
+        def wait(layer: int) -> None:
+            if wait_layer is not None:
+                _, seconds = timed(lambda: wait_layer(layer))
+                waited[0] += seconds
+
+        on_layer = live.on_layer if live is not None else None
+        try:
+            step, seconds = await asyncio.to_thread(
+                timed, lambda: by_layer.prefill_layerwise(context, prefix_blocks, wait, on_layer))
+        except BaseException:
+            if live is not None:
+                live.abort()
+            raise
+        if live is not None:
+            self.deps.metrics.live_layers.inc(len(live.producers) * engine.geometry.layers)
+        return step, max(seconds - waited[0], 1e-9)
+
+    def _live(self, prefix_blocks: int) -> LiveBlocks | None:
+        """Live tracks for the complete blocks this prefill computes (``publish_live``), or None."""
+        source, b = self.deps.live, self.deps.block_tokens
+        computed = range(prefix_blocks, len(self.spec.context) // b)
+        if source is None or not computed:
+            return None
+        scope, compat = self.spec.base.scope_id, self.spec.base.compat_id
+        names = [TrackNamespace(compat, scope, source.holder_id, self.keys[i]) for i in computed]
+        return LiveBlocks(source.publisher, names, first_block=prefix_blocks, engine=self.engine,
+                          loop=asyncio.get_running_loop(), layers=self.engine.geometry.layers)
+
+    async def _prefilled(self, step: Step, seconds: float, loaded_blocks: int, local_blocks: int) -> Step:
+        """Count what was loaded and computed, store the computed blocks."""
+        context, b = self.spec.context, self.deps.block_tokens
+        loaded = loaded_blocks * b
+        metrics = self.deps.metrics
+        metrics.tokens_fetched.labels("local").inc(min(local_blocks, loaded_blocks) * b)
+        metrics.tokens_fetched.labels("remote").inc(max(0, loaded_blocks - local_blocks) * b)
         metrics.tokens_recomputed.inc(len(context) - loaded)
         self.deps.prefill.observe(len(context) - loaded, seconds)
-        await self._store(range(len(blocks), len(self.keys)))
+        await self._store(range(loaded_blocks, len(self.keys)))
         if self.spec.kind == START:
             self.sender.hold_until(self._prompt_replicated(len(context) // b))
         return step
@@ -328,3 +419,4 @@ class SessionRun:
         task = self.task
         if task is not None and task is not asyncio.current_task() and not task.done():
             task.cancel()
+

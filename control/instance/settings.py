@@ -3,7 +3,7 @@
     [instance]
     pc = "https://127.0.0.1:7401/pc/"        # the PC: status, checkpoints (required)
     index = "https://127.0.0.1:7401/pc/"     # the IS: lookups before loading (required)
-    engine = "test"                          # DeterministicTestEngine
+    engine = "test"                          # DeterministicTestEngine; "hf:DIR" the reference HF model in DIR
     vocab_size = 32000                       # the test engine's vocabulary
     descriptors = ["model.json"]             # the one model served; absent: [holder] descriptors
     scope_keys = { "6d1c..." = "scope.key" } # Scope ID -> file with the hex Scope Key (>= 32 octets)
@@ -21,6 +21,7 @@
     final_ack_timeout_ms = 30000             # waiting for the last checkpoint's ack
     finished_retention_ms = 300000           # a finished session's tokens stay readable this long
     prefetch_concurrency = 4                 # blocks loaded at once per directive
+    fetch_concurrency = 8                    # blocks loaded at once when a session starts or resumes
     replicate_to = []                        # holders that also get every placed block (survival)
     peers = []                               # identities that may GET shards/{map} ("*": any)
     links = [{ holder = "https://h1/", mbit_per_s = 100000, rtt_us = 20 }]  # reported in status (6.4)
@@ -29,6 +30,14 @@
     max_maps = 64                            # shard maps held at once
     test_prefill_us_per_token = 0            # engine = "test": artificial cost per prefilled token
     test_decode_us_per_token = 0             # engine = "test": artificial cost per decoded token
+    hf_chunk_tokens = 0                      # engine = "hf:DIR": compute prompts in chunks of this many tokens
+                                             # (a multiple of block_tokens; 0: one pass). block_tokens makes a
+                                             # loaded prefix give bit-identical logits to a full recompute
+    layerwise = true                         # load the cached prefix layer by layer, overlapped with prefill
+    moqt_fetch = false                       # read moqt:// replicas over MOQT (certificate of [tls]), else HTTPS
+    moqt_object_timeout_ms = 10000           # MOQT: the longest wait for one object (a stalled publisher)
+    publish_live = false                     # prefill: publish computed blocks layer by layer over the
+                                             # holder's MOQT listener while later layers are computed
 
 Unknown keys are refused, like the holder's, so a misspelt key fails at startup.
 """
@@ -49,7 +58,8 @@ from kvsp.keys import ScopeKey
 from kvsp.records import Link
 from kvsp.records._common import MAX_SAFE_INT, check_uri
 
-ENGINES: Final = frozenset({"test"})
+TEST_ENGINE: Final = "test"
+HF_PREFIX: Final = "hf:"  # "hf:DIR": the Hugging Face adapter on the model directory DIR
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,14 +85,18 @@ class Limits:
     max_maps: int = 64
     test_prefill_us_per_token: int = 0
     test_decode_us_per_token: int = 0
+    moqt_object_timeout_ms: int = 10_000
+    fetch_concurrency: int = 8
+    hf_chunk_tokens: int = 0
 
 
 _MINIMUM: Final[Mapping[str, int]] = {"vocab_size": 2, "status_ttl_ms": 3, "finished_retention_ms": 0,
                                       "memory_blocks_octets": 0, "test_prefill_us_per_token": 0,
-                                      "test_decode_us_per_token": 0}
+                                      "test_decode_us_per_token": 0, "hf_chunk_tokens": 0}
 _INTS: Final = tuple(f.name for f in fields(Limits))
+_FLAGS: Final = ("layerwise", "moqt_fetch", "publish_live")
 KNOWN_KEYS: Final = frozenset({"pc", "index", "engine", "descriptors", "scope_keys", "replicate_to", "peers",
-                               "idle_for_s", "links", *_INTS})
+                               "idle_for_s", "links", *_FLAGS, *_INTS})
 MAX_LINKS: Final = 256
 
 
@@ -100,6 +114,9 @@ class InstanceSettings:
     idle_for_s: float = 300.0
     links: tuple[Link, ...] = ()
     limits: Limits = Limits()
+    layerwise: bool = True
+    moqt_fetch: bool = False
+    publish_live: bool = False
 
     def may_read_shards(self, identity: str) -> bool:
         return identity in self.peers or ANY in self.peers
@@ -114,7 +131,8 @@ class InstanceSettings:
         r = ObjectReader(section, "instance")
         defaults = Limits()
         ints = {name: _int(r, name, getattr(defaults, name), _MINIMUM.get(name, 1)) for name in _INTS}
-        engine = r.optional("engine", lambda n: r.choice(n, ENGINES)) or "test"
+        engine = _engine(r, config)
+        flags = {name: r.optional(name, r.bool) for name in _FLAGS}
         idle = r.optional("idle_for_s", lambda n: r.number(n, minimum=0.0, maximum=1e9))
         return cls(
             pc=check_uri(r.raw("pc"), r.member("pc")),
@@ -127,7 +145,23 @@ class InstanceSettings:
             idle_for_s=300.0 if idle is None else idle,
             links=_links(r),
             limits=Limits(**ints),
+            layerwise=flags["layerwise"] is not False,
+            moqt_fetch=flags["moqt_fetch"] is True,
+            publish_live=flags["publish_live"] is True,
         )
+
+
+def _engine(r: ObjectReader, config: RoleConfig) -> str:
+    """``test``, or ``hf:DIR`` with DIR resolved against the configuration's directory."""
+    name = r.optional("engine", lambda n: r.str(n, max_length=4096))
+    if name is None or name == TEST_ENGINE:
+        return TEST_ENGINE
+    if not name.startswith(HF_PREFIX) or len(name) == len(HF_PREFIX):
+        raise ValidationError(r.member("engine"), f'must be "{TEST_ENGINE}" or "{HF_PREFIX}DIR"')
+    directory = config.path(name[len(HF_PREFIX) :])
+    if not (directory / "config.json").is_file():
+        raise ValidationError(r.member("engine"), f"{directory} is not a model directory (no config.json)")
+    return HF_PREFIX + str(directory)
 
 
 def _int(r: ObjectReader, name: str, default: int, minimum: int) -> int:

@@ -17,6 +17,11 @@ Why it looks like this:
   digest, without a lease (MOQT has none); any failure falls back down the same list, to HTTPS or to
   recompute.  A moqt replica needs the token count for the container header: ``block_tokens``, or raw
   layers and ``FetchOptions.geometry``.
+* ``on_layer`` (an engine loading layer-wise) gets each layer of block i the moment it has arrived and
+  passed its layer digest, while later layers are on the wire (HTTPS streaming read or MOQT objects);
+  each (block, layer) once, ascending.  After a failure mid-block the next replica continues the block,
+  but only a replica whose layer digests equal those of the layers already handed out (the engine may
+  have used them).  Layers without a layer digest to check come when their block is complete.
 * Counters for section 8 (fetched versus recomputed tokens, digest failures, misses, lease rejections)
   accumulate in a plain `ClientStats` that a metrics exporter can read.
 """
@@ -26,11 +31,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Final
 
-from kvsp.client.holder import BlockMiss, HolderClient
+from kvsp.client.holder import BlockMiss, HolderClient, MissReason
 from kvsp.client.http import KvspSession, TransportError
 from kvsp.client.index import IndexClient
 from kvsp.client.moqt import MoqtBlockClient, MoqtRefusedError
@@ -46,6 +51,8 @@ from kvsp.registry import Codec
 log = logging.getLogger("kvsp.client.fetch")
 
 BACKGROUND_GRACE_S: Final = 2.0
+LayerSink = Callable[[int, LayerView], None]
+"""``on_layer(i, view)``: layer ``view.layer`` of block ``i`` of the request, verified (see the module)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +193,22 @@ class _Run:
     suspects: set[str] = field(default_factory=set)
     attempts: list[Attempt] = field(default_factory=list)
     background: set[asyncio.Task[None]] = field(default_factory=set)
+    on_layer: LayerSink | None = None
+    delivered: dict[int, dict[int, bytes]] = field(default_factory=dict)  # block -> layer -> its digest
+
+    def deliver(self, index: int, view: LayerView, digest: bytes) -> None:
+        """Hand a verified layer to ``on_layer`` once per (block, layer)."""
+        done = self.delivered.setdefault(index, {})
+        if view.layer in done or self.on_layer is None:
+            return
+        done[view.layer] = digest
+        self.on_layer(index, view)
+
+    def continues(self, index: int, record: ReplicaRecord) -> bool:
+        """Whether ``record`` holds the very layers already handed out for block ``index``."""
+        digests = record.layer_digests
+        return all(layer < len(digests) and digests[layer] == digest
+                   for layer, digest in self.delivered.get(index, {}).items())
 
     def spawn(self, work: Coroutine[object, object, None]) -> None:
         task = asyncio.create_task(work)
@@ -209,10 +232,12 @@ class BlockFetcher:
                                   default_rtt_us=self.options.default_rtt_us)
 
     async def fetch(self, scope_id: bytes, compat_id: bytes, block_keys: Sequence[bytes], *,
-                    block_tokens: int | None = None, layers: LayerRange | tuple[int, int] | None = None) -> FetchResult:
+                    block_tokens: int | None = None, layers: LayerRange | tuple[int, int] | None = None,
+                    on_layer: LayerSink | None = None) -> FetchResult:
         """Look the keys up at the IS, then load the longest verifiable prefix of them.
 
-        ``layers`` fetches only that inclusive layer range of every block.  A failed lookup is not an
+        ``layers`` fetches only that inclusive layer range of every block; ``on_layer`` gets layers as
+        they arrive (see the module docstring).  A failed lookup is not an
         exception: the result loads nothing and says why in ``lookup_error`` (the engine recomputes).
         """
         keys = tuple(block_keys)
@@ -229,14 +254,15 @@ class BlockFetcher:
             return FetchResult(len(keys), 0, (), block_tokens, lookup_error=str(exc))
         self.stats.matched_keys += response.matched
         return await self.load(scope_id, compat_id, response.replicas, requested=len(keys),
-                               block_tokens=block_tokens, layers=layers)
+                               block_tokens=block_tokens, layers=layers, on_layer=on_layer)
 
     async def load(self, scope_id: bytes, compat_id: bytes, replicas: Sequence[Sequence[ReplicaRecord]], *,
                    requested: int | None = None, block_tokens: int | None = None,
-                   layers: LayerRange | tuple[int, int] | None = None) -> FetchResult:
+                   layers: LayerRange | tuple[int, int] | None = None,
+                   on_layer: LayerSink | None = None) -> FetchResult:
         """Load the longest prefix of blocks whose replicas are already known (a lookup's answer)."""
         wanted = None if layers is None else layers if isinstance(layers, LayerRange) else LayerRange(*layers)
-        run = _Run(scope_id, compat_id, wanted, block_tokens, limit=len(replicas))
+        run = _Run(scope_id, compat_id, wanted, block_tokens, limit=len(replicas), on_layer=on_layer)
         try:
             loaded, expired = await self._load_prefix(run, replicas)
         finally:
@@ -367,10 +393,49 @@ class BlockFetcher:
         return await self.holder.get_block(record.holder, run.compat_id, run.scope_id, record.block_key,
                                            layers=layers, expect=check)
 
+    async def _streamed(self, run: _Run, index: int, record: ReplicaRecord,
+                        needed: LayerRange) -> VerifiedBlock | BlockMiss:
+        """`_transfer`, handing each layer verified by its layer digest to ``run.on_layer`` on arrival."""
+        if not run.continues(index, record):
+            raise ContainerError("this replica's layer digests differ from the layers already used")
+        digests = record.layer_digests
+        if self.moqt is not None and uri_scheme(record.holder) == "moqt":
+            try:
+                async with self.moqt.open_block(record, layers=needed, token_count=run.block_tokens,
+                                                geometry=self.options.geometry) as moqt_stream:
+                    async for view in moqt_stream.layers():
+                        if digests:  # each object was checked against its layer digest
+                            run.deliver(index, view, digests[view.layer])
+                    block = moqt_stream.block
+            except MoqtRefusedError as exc:
+                if not exc.not_found:
+                    raise
+                reason = MissReason.LAYERS_UNAVAILABLE if exc.layers_unavailable else MissReason.NOT_FOUND
+                return BlockMiss(record.holder, reason, str(exc))
+        else:
+            layers = None if needed == full_range(record) else needed
+            check = BlockCheck.for_replica(record, layers=layers, token_count=run.block_tokens,
+                                           geometry=self.options.geometry, max_size=self.holder.options.max_block_size)
+            async with self.holder.open_block(record.holder, run.compat_id, run.scope_id, record.block_key,
+                                              layers=layers, expect=check) as answer:
+                if isinstance(answer, BlockMiss):
+                    return answer
+                async for view in answer.layers():
+                    header = answer.header
+                    if digests and header is not None and check.hashes_layers(header):
+                        run.deliver(index, view, digests[view.layer])
+                block = answer.block
+        for view in block.layers:  # those no layer digest vouched for, now that the whole block did
+            run.deliver(index, view, digests[view.layer] if view.layer < len(digests) else b"")
+        return block
+
     async def _get(self, run: _Run, index: int, record: ReplicaRecord, needed: LayerRange) -> LoadedBlock | None:
         try:
             async with asyncio.timeout(self.holder.options.block_timeout_s):
-                answer = await self._transfer(run, record, needed)
+                if run.on_layer is None:
+                    answer = await self._transfer(run, record, needed)
+                else:
+                    answer = await self._streamed(run, index, record, needed)
         except DigestMismatchError as exc:
             self._note(run, index, record, Outcome.DIGEST_MISMATCH, str(exc))
             await self._withdraw(record)
