@@ -51,7 +51,7 @@ from kvsp.moqt_binding import (
 )
 from kvsp.records import Link, LookupRequest, ReplicaRecord, Residency
 from kvsp.registry import Codec, Tier
-from moqt.api import Action, MemoryTrackSource, MoqtObject, Publisher
+from moqt.api import Action, MemoryTrackSource, MoqtObject, Publisher, PublisherSettings
 from moqt.auth import issue_token, verify_token
 from moqt.quic import EndpointConfig, QuicSettings
 from moqt.wire import Location, Namespace
@@ -467,3 +467,28 @@ async def test_live_block_layer_by_layer(deployment: Deployment) -> None:
     finally:
         await client.close()
         await publisher.close()
+
+
+async def test_fetches_past_the_request_window_wait_for_ids_instead_of_failing(deployment: Deployment) -> None:
+    # The publisher lets a peer have 2 requests open; 8 fetches at once must all succeed over MOQT on one
+    # session (waiting for MAX_REQUEST_ID), not tear the session down and fail the fetches in flight.
+    _https, moqt = await deployment.put(6)
+    objects = objects_of(6)
+    source = MemoryTrackSource()
+    source.lookup = lambda ns, name: _found(source, objects)  # type: ignore[method-assign, assignment]
+    publisher = Publisher(source, authorize=lambda who, ns, action: True, settings=PublisherSettings(request_window=2))
+    d = deployment.pki.dir
+    await publisher.listen("127.0.0.1", 0, EndpointConfig.from_files(d / "double.pem", d / "double.key", d / "ca.pem"))
+    record = dataclasses.replace(moqt, holder=f"moqt://127.0.0.1:{publisher.port}/")
+    client = deployment.client()
+    try:
+        async with asyncio.timeout(T):
+            blocks = await asyncio.gather(*(client.fetch_block(record, geometry=GEOMETRY) for _ in range(8)))
+            sessions = len(publisher.endpoints)
+    finally:
+        await client.close()
+        await publisher.close()
+    for block in blocks:
+        assert not isinstance(block, BlockMiss) and block.replica_verified
+        assert bytes(block.container.data) == container(6)[decode_container(container(6)).header_length:]
+    assert sessions == 1

@@ -65,6 +65,7 @@ class MoqtRefusedError(KvspError):
 
 
 BLOCK_CLIENT_QUIC: Final = QuicSettings(recv_batch=16, ack_delay_s=0.005)
+REQUEST_ID_POLL_S: Final = 0.002  # how often a session out of request IDs is checked for new ones
 """QUIC settings for block clients: the adapter hands received objects to the consumer after each
 batch of datagrams, so a smaller batch than the default 64 brings a block's first layer sooner at no
 measured cost in throughput (benchmarks/bench_moqt.py, docs/moqt.md). ACKs held back up to 5 ms
@@ -187,11 +188,11 @@ class MoqtBlockClient:
     async def subscriber(self, uri: str) -> Subscriber:
         """The session to ``uri``: the open one, or a new one."""
         current = self._subscribers.get(uri)
-        if current is not None and current.usable:
+        if current is not None and await self._ready(current):
             return current
         async with self._locks.setdefault(uri, asyncio.Lock()):
             current = self._subscribers.get(uri)
-            if current is not None and current.usable:
+            if current is not None and await self._ready(current):
                 return current
             if current is not None:
                 await current.close()
@@ -203,6 +204,21 @@ class MoqtBlockClient:
                                                        max_inbox_octets=self.options.max_block_size)
             self._subscribers[uri] = current
             return current
+
+    async def _ready(self, subscriber: Subscriber) -> bool:
+        """True once ``subscriber`` may send a request; False if its session is broken.
+
+        A live session that has used up the publisher's request IDs is not broken: the publisher
+        raises MAX_REQUEST_ID as earlier requests finish, so wait for that (up to the object timeout)
+        instead of closing the session under the fetches still in flight on it."""
+        if subscriber.usable:
+            return True
+        deadline = asyncio.get_running_loop().time() + self.options.object_timeout_s
+        while subscriber.endpoint.usable and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(REQUEST_ID_POLL_S)
+            if subscriber.usable:
+                return True
+        return False
 
     @asynccontextmanager
     async def open_block(self, record: ReplicaRecord, *, layers: LayerRange | None = None,
