@@ -1,1 +1,5 @@
-"""kvsp relay package (see docs/architecture.md)."""
+"""The MOQT relay of kvsp (decision D4; docs/relay.md): ``kvsp serve relay --config FILE``.
+
+`relay.core` holds the sans-I/O rules (routing, cache, send queues, stats), `relay.server.Relay` the
+asyncio relay over ``moqt.api``, `relay.upstream` the kept-up sessions to upstream relays.
+"""

@@ -20,6 +20,7 @@ producer is answered TRACK_DOES_NOT_EXIST: this holder publishes only its own.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
@@ -39,8 +40,10 @@ from kvsp.identifiers import TrackNamespace, role_id
 from kvsp.moqt_binding import BLOCK_GROUP, kvsp_authorizer, kvsp_token_rule, layer_object, layer_range_of, track_name
 from kvsp.records import ReplicaRecord
 from moqt.api import MoqtObject, Publisher, PublisherSettings, StoredTrack
+from moqt.errors import MoqtError
 from moqt.quic import EndpointConfig, MoqtUri, QuicSettings
 from moqt.wire import Location, Namespace
+from relay.upstream import UpstreamLink
 
 log = logging.getLogger("kvsp.holder.moqt")
 
@@ -109,22 +112,57 @@ class HolderTrackSource:
 
 
 class HolderMoqt:
-    """The MOQT side of one holder: its publisher, its records, its lifecycle."""
+    """The MOQT side of one holder: its publisher, its records, its lifecycle.
+
+    With ``moqt_relay`` the holder also keeps a session to its rack relay (reconnecting with backoff),
+    announces there the namespace prefix ``(kvsp, compat, scope, holder-id)`` of every compat and scope
+    it may store, and its MOQT records name the relay's URI: readers reach the block through the relay
+    chain (D4), which fetches it from this holder once and serves it from its cache afterwards. FETCH
+    and SUBSCRIBE arriving from the connected relay are allowed (it authorized its subscribers itself).
+    """
 
     def __init__(self, holder: Holder, config: RoleConfig, settings: MoqtSettings) -> None:
         self.holder = holder
         self.config = config
         self.settings = settings
-        self.uri = settings.uri
+        self.uri = settings.relay or settings.uri
         self.holder_id = role_id(config.server.base_uri)
-        self.publisher = Publisher(HolderTrackSource(holder, self.holder_id),
-                                   authorize=kvsp_authorizer(config.policy.may_read), token_rule=kvsp_token_rule,
+        self.relay_link: UpstreamLink | None = None
+        may_read = config.policy.may_read
+        readers = kvsp_authorizer(lambda who, scope: self._is_relay(who) or may_read(who, scope))
+        self.publisher = Publisher(HolderTrackSource(holder, self.holder_id), authorize=readers,
+                                   token_rule=kvsp_token_rule,
                                    settings=PublisherSettings(path=MoqtUri.parse(settings.uri).path))
+        self._announced: set[tuple[bytes, bytes]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _is_relay(self, identity: str) -> bool:
+        link = self.relay_link
+        return link is not None and link.endpoint is not None and link.endpoint.link.peer_identity == identity
 
     def record_for(self, record: ReplicaRecord) -> ReplicaRecord:
-        """The MOQT record of a replica: the same digests and residency, served at ``moqt_uri``."""
+        """The MOQT record of a replica: the same digests and residency, served at ``moqt_uri`` (or the relay's)."""
         namespace = TrackNamespace(record.compat_id, record.scope_id, self.holder_id, record.block_key)
+        self.announce(record.compat_id, record.scope_id)
         return dataclasses.replace(record, holder=self.uri, moqt_namespace=namespace)
+
+    def prefix(self, compat_id: bytes, scope_id: bytes) -> Namespace:
+        return (b"kvsp", compat_id.hex().encode(), scope_id.hex().encode(), self.holder_id.encode())
+
+    def announce(self, compat_id: bytes, scope_id: bytes) -> None:
+        """PUBLISH_NAMESPACE of this holder's prefix for a compat and scope, at the relay (once)."""
+        if self.settings.relay is None or (compat_id, scope_id) in self._announced:
+            return
+        self._announced.add((compat_id, scope_id))
+        task = asyncio.get_running_loop().create_task(self._announce(self.prefix(compat_id, scope_id)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _announce(self, namespace: Namespace) -> None:
+        try:
+            await self.publisher.publish_namespace(namespace)
+        except (MoqtError, OSError, TimeoutError) as exc:  # announced again on the next relay session
+            log.warning("announcing %r at the relay failed: %s", namespace, exc)
 
     def endpoint_config(self) -> EndpointConfig:
         tls = self.config.tls
@@ -134,12 +172,29 @@ class HolderMoqt:
         return EndpointConfig.from_files(tls.cert, tls.key, tls.ca, QuicSettings(), token_keys=keys)
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
-        port = await self.publisher.listen(self.settings.host, self.settings.port, self.endpoint_config())
+        config = self.endpoint_config()
+        port = await self.publisher.listen(self.settings.host, self.settings.port, config)
         log.info("serving blocks over MOQT on %s:%d as %s", self.settings.host, port, self.uri)
+        if self.settings.relay is not None:
+            self.relay_link = UpstreamLink(self.publisher, self.settings.relay, config)
+            for compat_id in self.holder.settings.descriptors:
+                for scope_id in self.config.policy.scopes:
+                    if self.config.policy.may_store(self.config.server.base_uri, scope_id):
+                        self.announce(compat_id, scope_id)
+            self.relay_link.start()
         try:
             yield
         finally:
+            for task in list(self._tasks):
+                task.cancel()
+            if self.relay_link is not None:
+                await self.relay_link.close()
             await self.publisher.close()
+
+
+def load_token_key(path: Path) -> ec.EllipticCurvePublicKey:
+    """An EC P-256 public key (PEM) that signs AUTHORIZATION_TOKENs."""
+    return _public_key(path)
 
 
 def _public_key(path: Path) -> ec.EllipticCurvePublicKey:

@@ -6,6 +6,11 @@ computed with `kvsp.placement.transfer_us` on the residency entries that hold th
 source that keeps them in a storage tier with a low ``read_mbit_per_s`` ranks lower.  Ties go to the
 replica whose slowest needed tier is faster (device before host before storage), then to the order
 of the lookup answer.  Pure functions over records: no I/O, easy to test.
+
+**Relays** (decision D4): a client with a rack relay (``LinkTable.local_relay``) reaches every ``moqt``
+replica through it -- the relay chain routes by the record's ``moqt_namespace``, so the block crosses
+the spine once and the rack relay's cache serves the next readers.  Such replicas are rewritten to
+name the local relay (`via_relay`), merged when several name the same namespace, and tried first.
 """
 
 from __future__ import annotations
@@ -33,11 +38,12 @@ class LinkTable:
     links: Mapping[str, Link]
     default_mbit_per_s: float = 10_000.0
     default_rtt_us: int = 1_000
+    local_relay: str | None = None  # the moqt:// URI of the client's own rack relay
 
     @classmethod
     def of(cls, links: Sequence[Link] = (), *, default_mbit_per_s: float = 10_000.0,
-           default_rtt_us: int = 1_000) -> LinkTable:
-        return cls({link.holder: link for link in links}, default_mbit_per_s, default_rtt_us)
+           default_rtt_us: int = 1_000, local_relay: str | None = None) -> LinkTable:
+        return cls({link.holder: link for link in links}, default_mbit_per_s, default_rtt_us, local_relay)
 
     def to(self, holder: str) -> Link:
         link = self.links.get(holder)
@@ -106,17 +112,40 @@ def slowest_tier(record: ReplicaRecord, needed: LayerRange) -> int:
                default=len(TIER_RANK))
 
 
+def via_relay(record: ReplicaRecord, relay: str) -> ReplicaRecord:
+    """A ``moqt`` replica as reached through ``relay``: the same namespace, digests and residency."""
+    return record if record.holder == relay else replace(record, holder=relay)
+
+
+def _through_local_relay(group: Sequence[ReplicaRecord], relay: str | None) -> list[ReplicaRecord]:
+    """With a rack relay: every moqt replica rewritten to it, one per namespace (the first one's)."""
+    if relay is None:
+        return list(group)
+    out: list[ReplicaRecord] = []
+    seen: set[object] = set()
+    for record in group:
+        if uri_scheme(record.holder) != "moqt" or record.moqt_namespace is None:
+            out.append(record)
+        elif record.moqt_namespace not in seen:
+            seen.add(record.moqt_namespace)
+            out.append(via_relay(record, relay))
+    return out
+
+
 def rank_replicas(group: Sequence[ReplicaRecord], links: LinkTable, *, layers: LayerRange | None = None,
                   model_layers: int | None = None, schemes: frozenset[str] = HTTPS_ONLY) -> tuple[ReplicaRecord, ...]:
     """The usable replicas of one block, cheapest first (see the module docstring), among the holders
-    reachable with ``schemes`` (https and moqt replicas compete on the same cost estimate)."""
+    reachable with ``schemes`` (https and moqt replicas compete on the same cost estimate); with a
+    local relay, the replicas reached through it come first."""
     needed = needed_range(group, layers, model_layers)
     if needed is None:
         return ()
+    relay = links.local_relay if "moqt" in schemes else None
     scored = []
-    for position, record in enumerate(group):
+    for position, record in enumerate(_through_local_relay(group, relay)):
         if eligible(record, needed, schemes):
             cost = estimate_us(record, needed, links.to(record.holder))
-            scored.append(((cost, slowest_tier(record, needed), position), record))
+            local = relay is not None and record.holder == relay
+            scored.append(((not local, cost, slowest_tier(record, needed), position), record))
     scored.sort(key=lambda item: item[0])
     return tuple(record for _, record in scored)

@@ -10,7 +10,7 @@
 * ``moqt.api.memory.MemoryNet`` runs both over an in-memory pair for tests.
 """
 
-from moqt.api._endpoint import Endpoint, Link
+from moqt.api._endpoint import ControlServing, Endpoint, Link
 from moqt.api._logic import Allocator
 from moqt.api.errors import (
     FetchRefused,
@@ -46,6 +46,7 @@ __all__ = [
     "Action",
     "Allocator",
     "Authorizer",
+    "ControlServing",
     "Endpoint",
     "FetchRefused",
     "Link",

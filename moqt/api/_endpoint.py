@@ -111,6 +111,13 @@ class Serving(Protocol):
     def on_closed(self, endpoint: Endpoint) -> None: ...
 
 
+class ControlServing(Serving, Protocol):
+    """A `Serving` that also answers the other control messages (a relay: PUBLISH_NAMESPACE, PUBLISH,
+    SUBSCRIBE_NAMESPACE, GOAWAY...): ``on_control`` returns False for those it leaves to the default."""
+
+    def on_control(self, endpoint: Endpoint, message: ControlMessage) -> bool: ...
+
+
 class Inbox:
     """The objects of one of our requests until the consumer takes them (at most ``max_octets``)."""
 
@@ -135,6 +142,19 @@ class Inbox:
     def wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+    async def wait_answered(self) -> None:
+        """Until the publisher answered (OK) or the request is over; raises the request's error."""
+        while not self.tracker.answered or self.tracker.error is not None:
+            if self.tracker.error is not None:
+                raise self.tracker.error
+            if self.tracker.finished:
+                return
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
 
     async def get(self) -> MoqtObject | None:
         """The next object; None once the request is over; raises the request's error at its end."""
@@ -286,7 +306,8 @@ class Endpoint:
             case FetchOk(request_id=request_id) | SubscribeOk(request_id=request_id):
                 inbox = self._inboxes.get(request_id)
                 if inbox is not None:
-                    inbox.tracker.on_ok()
+                    inbox.tracker.on_ok(message)
+                    inbox.wake()
             case FetchError() | SubscribeError():
                 self._on_refused(message.request_id, message.error_code, message.reason)
             case PublishDone(request_id=request_id, status_code=code, stream_count=count, reason=reason):
@@ -299,7 +320,9 @@ class Endpoint:
             case PublishNamespaceError(request_id=request_id, error_code=code, reason=reason):
                 self._namespace_answer(request_id, NamespaceRefused(code, reason))
             case _:
-                self._not_supported(message)
+                handler = getattr(self.serving, "on_control", None)  # a relay serves the rest (ControlServing)
+                if handler is None or not handler(self, message):
+                    self._not_supported(message)
 
     def _on_request(self, message: Fetch | Subscribe) -> None:
         if self.serving is not None:

@@ -26,6 +26,7 @@ from moqt.api.errors import (
 )
 from moqt.api.objects import MoqtObject
 from moqt.events import ObjectChunkReceived
+from moqt.messages import ControlMessage
 from moqt.profile import FetchErrorCode, FilterType, PublishDoneCode
 from moqt.wire import VARINT_MAX, Location
 
@@ -222,6 +223,7 @@ class RequestTracker:
     done_reason: str = ""
     finished: bool = False
     error: MoqtApiError | None = None
+    ok: ControlMessage | None = None  # the FETCH_OK / SUBSCRIBE_OK, once answered (a relay forwards its fields)
 
     @property
     def over(self) -> bool:
@@ -231,8 +233,9 @@ class RequestTracker:
         if not self.over:
             self.error = error
 
-    def on_ok(self) -> None:
+    def on_ok(self, message: ControlMessage | None = None) -> None:
         self.answered = True
+        self.ok = message
 
     def on_refused(self, code: int, reason: str) -> None:
         self.answered = True

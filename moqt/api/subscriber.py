@@ -31,6 +31,7 @@ from moqt.api._logic import Allocator, ObjectAssembler, RequestKind, RequestTrac
 from moqt.api.objects import MoqtObject
 from moqt.api.publisher import TOKEN_TYPE
 from moqt.events import MoqtEvent
+from moqt.messages import ControlMessage
 from moqt.params import AuthToken, SetupParameters
 from moqt.profile import FilterType, GroupOrder, SessionErrorCode
 from moqt.quic import EndpointConfig, MoqtConnection, MoqtUri, connect
@@ -58,6 +59,18 @@ class ObjectStream:
     @property
     def buffered_octets(self) -> int:
         return self._inbox.buffered
+
+    async def answered(self) -> ControlMessage | None:
+        """Wait for the publisher's FETCH_OK / SUBSCRIBE_OK and return it (a relay forwards its End
+        Location, End Of Track, Largest Location); raises the refusal (``FetchRefused``...) or the
+        transfer error. None when the request finished without an OK being seen."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._inbox.wait_answered()
+        except BaseException:
+            self.close()
+            raise
+        return self._inbox.tracker.ok
 
     def __aiter__(self) -> ObjectStream:
         return self

@@ -1,0 +1,278 @@
+"""The MOQT relay (relay/): fan-out, cache hits, and the cost of the hop, on loopback.
+
+Three processes: the relay (``relay.server.Relay``), a publisher (``moqt.api.Publisher``: blocks of 32
+objects of 64 KiB = 2 MiB, stored for FETCH; live tracks on command) that listens directly *and* is
+connected to the relay, and the subscribers (this process). Mutual TLS 1.3 throughout.
+
+* ``fanout_1_to_N`` (N = 1, 4, 16): N subscribers SUBSCRIBE one live track through the relay, then the
+  publisher publishes it (``octets``); the time runs until every subscriber has every object. Goals:
+  the relay's upstream octets stay 1x the track whatever N (``upstream_ratio`` == 1.0), and the
+  aggregate downstream throughput at 16 is >= 0.8x that at 1.
+* ``fetch_cache_hit_vs_miss``: FETCH of a whole block through the relay, a block fetched before (hit)
+  against one never fetched (miss: relay -> publisher); goal: hit <= 1.0x miss.
+* ``relay_hop_first_object`` / ``relay_hop_block``: FETCH through the relay (miss) against FETCH from the
+  publisher directly: first-object latency (goal <= 1.3x) and whole-block throughput (goal >= 0.8x).
+
+The machine's cores are shared with other work, so figures move between runs; each pair is measured
+in alternation. Run: ``python -m benchmarks.bench_relay [--quick]``; prints JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from benchmarks._timing import Sample, add_check, case
+from kvsp.client.moqt import BLOCK_CLIENT_QUIC
+from kvsp.pki import RoleSpec, make_dev_pki
+from moqt.api import MemoryTrackSource, MoqtObject, Publisher, Subscriber, allow_authenticated
+from moqt.quic import EndpointConfig, QuicSettings
+from moqt.wire import Location, Namespace
+from relay.core import RelayStats
+from relay.server import Relay
+from relay.settings import RelaySettings
+
+MiB = 1 << 20
+OBJECT = 64 << 10
+LAYERS = 32
+ROLES = {"relay": "moqt://127.0.0.1/relay", "publisher": "https://127.0.0.1/bench-publisher/",
+         "subscriber": "https://bench-subscriber.test/"}
+TRACK = b"raw"
+RELAY_QUIC = QuicSettings(recv_batch=16)  # control back to the relay every 16 datagrams: forward sooner
+
+
+def _config(pki: Path, name: str, settings: QuicSettings | None = None) -> EndpointConfig:
+    return EndpointConfig.from_files(pki / f"{name}.pem", pki / f"{name}.key", pki / "ca.pem", settings)
+
+
+def block_ns(i: int) -> Namespace:
+    return (b"bench", b"blocks", str(i).encode())
+
+
+def live_ns(name: str) -> Namespace:
+    return (b"bench", b"live", name.encode())
+
+
+# -- the relay process ---------------------------------------------------------------------------------
+async def _relay_main(pki: Path, conn: Connection) -> None:
+    settings = RelaySettings("127.0.0.1", 0, "moqt://127.0.0.1:1/relay", cache_octets=1 << 30,
+                             subscriber_buffer_octets=512 * MiB)
+    relay = Relay(settings, authorize=allow_authenticated)
+    conn.send(await relay.listen("127.0.0.1", 0, _config(pki, "relay", RELAY_QUIC)))
+    while (command := await asyncio.to_thread(conn.recv)) != "stop":
+        if command == "stats":
+            conn.send(relay.stats.to_json())
+        elif command == "reset":
+            for name in RelayStats.__slots__:
+                if name != "subscribers":
+                    setattr(relay.stats, name, 0)
+            conn.send("ok")
+    await relay.close()
+
+
+def _relay_process(pki: str, conn: Connection) -> None:
+    asyncio.run(_relay_main(Path(pki), conn))
+
+
+# -- the publisher process -----------------------------------------------------------------------------
+async def _publisher_main(pki: Path, relay_uri: str, blocks: int, conn: Connection) -> None:
+    source = MemoryTrackSource()
+    for i in range(blocks):
+        source.put(block_ns(i), TRACK, [MoqtObject(0, layer, memoryview(bytes([i % 251]) * OBJECT))
+                                        for layer in range(LAYERS)])
+    publisher = Publisher(source, authorize=allow_authenticated)
+    port = await publisher.listen("127.0.0.1", 0, _config(pki, "publisher"))
+    await publisher.connect_relay(relay_uri, _config(pki, "publisher"))
+    await publisher.publish_namespace((b"bench",))
+    conn.send(port)
+    tracks = {}
+    while (command := await asyncio.to_thread(conn.recv)) != "stop":
+        verb, name, octets = command
+        if verb == "open":  # the track exists before anyone subscribes, as a block being produced does
+            tracks[name] = publisher.track(live_ns(name), TRACK)
+            conn.send("opened")
+            continue
+        track = tracks.pop(name)
+        payload = memoryview(bytes(OBJECT))
+        for i in range(octets // OBJECT):
+            track.publish(0, i, payload)
+            if i % 16 == 15:
+                await asyncio.sleep(0)
+        track.end_group()
+        track.close()
+        conn.send("published")
+    await publisher.close()
+
+
+def _publisher_process(pki: str, relay_uri: str, blocks: int, conn: Connection) -> None:
+    asyncio.run(_publisher_main(Path(pki), relay_uri, blocks, conn))
+
+
+# -- measurements (this process) -------------------------------------------------------------------------
+class Bench:
+    def __init__(self, relay: Connection, publisher: Connection, subscribers: list[Subscriber],
+                 direct: Subscriber) -> None:
+        self.relay, self.publisher = relay, publisher
+        self.subscribers, self.direct = subscribers, direct
+        self.tracks = 0
+
+    async def ask(self, conn: Connection, command: object) -> object:
+        conn.send(command)
+        return await asyncio.to_thread(conn.recv)
+
+    async def fanout_once(self, n: int, octets: int) -> tuple[float, float]:
+        """Seconds until n subscribers have the whole live track; upstream octets / track octets."""
+        self.tracks += 1
+        name = f"t{self.tracks}"
+        await self.ask(self.relay, "reset")
+        await self.ask(self.publisher, ("open", name, 0))
+
+        async def receive(sub: Subscriber) -> int:
+            async with sub.subscribe(live_ns(name), TRACK, end_group=0, timeout_s=120) as objects:
+                return sum([obj.payload.nbytes async for obj in objects])
+
+        tasks = [asyncio.create_task(receive(sub)) for sub in self.subscribers[:n]]
+        while True:
+            stats = await self.ask(self.relay, "stats")
+            assert isinstance(stats, dict)
+            if stats["subscribers"] >= n:
+                break
+            for task in tasks:
+                if task.done():
+                    task.result()  # a subscription failed: raise its error
+            await asyncio.sleep(0.01)
+        start = time.perf_counter()
+        self.publisher.send(("publish", name, octets))
+        received = await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - start
+        await asyncio.to_thread(self.publisher.recv)
+        assert received == [octets // OBJECT * OBJECT] * n, received
+        stats = await self.ask(self.relay, "stats")
+        assert isinstance(stats, dict)
+        return elapsed, stats["bytes_in"] / (octets // OBJECT * OBJECT)
+
+    @staticmethod
+    async def fetch(sub: Subscriber, block: int) -> tuple[float, float]:
+        """(first object, whole block) seconds."""
+        start = time.perf_counter()
+        first = 0.0
+        count = 0
+        async with sub.fetch(block_ns(block), TRACK, Location(0, 0), Location(0, LAYERS)) as objects:
+            async for _ in objects:
+                count += 1
+                if count == 1:
+                    first = time.perf_counter() - start
+        assert count == LAYERS
+        return first, time.perf_counter() - start
+
+
+async def _fanout_rows(bench: Bench, octets: int, reps: int) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    aggregate: dict[int, float] = {}
+    for n in (1, 4, 16):
+        await bench.fanout_once(n, octets)  # warm-up
+        runs = [await bench.fanout_once(n, octets) for _ in range(reps)]
+        sample = Sample.of([t for t, _ in runs])
+        aggregate[n] = n * octets / sample.median_s / 1e6
+        row = case(f"fanout_1_to_{n}", sample, None, "upstream octets 1x the track (upstream_ratio == 1.0)")
+        row["upstream_ratio"] = max(ratio for _, ratio in runs)
+        row["aggregate_mb_per_s"] = round(aggregate[n], 1)
+        add_check(row, "upstream_ratio", "<=", 1.0)
+        rows.append(row)
+    row = case("fanout_aggregate_16_vs_1", aggregate[16], aggregate[1], "aggregate throughput at 16 >= 0.8x at 1",
+               unit="MB/s", goal_min_ratio=0.8)
+    rows.append(row)
+    return rows
+
+
+async def _fetch_rows(bench: Bench, reps: int) -> list[dict[str, object]]:
+    via = bench.subscribers[0]
+    hits, misses, direct_first, direct_all, relay_first, relay_all = [], [], [], [], [], []
+    block = 0
+    for rep in range(reps + 1):
+        _, miss = await bench.fetch(via, block)  # never fetched: relay -> publisher
+        _, hit = await bench.fetch(via, block)   # now cached at the relay
+        first_d, all_d = await bench.fetch(bench.direct, block + 1)
+        first_r, all_r = await bench.fetch(via, block + 1)  # a miss too, alternating with direct
+        block += 2
+        if rep:  # the first round warms up
+            misses.append(miss)
+            hits.append(hit)
+            direct_first.append(first_d)
+            direct_all.append(all_d)
+            relay_first.append(first_r)
+            relay_all.append(all_r)
+    block_octets = LAYERS * OBJECT
+    rows = [
+        case("fetch_cache_hit_vs_miss", Sample.of(hits), Sample.of(misses), "hit <= 1.0x miss latency",
+             goal_max_ratio=1.0),
+        case("relay_hop_first_object", Sample.of(relay_first), Sample.of(direct_first),
+             "via relay (miss) <= 1.3x direct first-object latency", goal_max_ratio=1.3),
+        case("relay_hop_block", Sample.of(relay_all), Sample.of(direct_all),
+             "via relay (miss) >= 0.8x direct throughput (ratio = direct time / relay time)",
+             higher_is_better=True, goal_min_ratio=0.8),
+    ]
+    rows[2]["mb_per_s"] = {"relay": round(block_octets / Sample.of(relay_all).median_s / 1e6, 1),
+                           "direct": round(block_octets / Sample.of(direct_all).median_s / 1e6, 1)}
+    return rows
+
+
+async def _measure(pki: Path, relay_port: int, publisher_port: int, relay: Connection, publisher: Connection,
+                   octets: int, reps: int) -> list[dict[str, object]]:
+    config = _config(pki, "subscriber", BLOCK_CLIENT_QUIC)  # as the block client reads blocks
+    relay_uri = f"moqt://127.0.0.1:{relay_port}/relay"
+    subscribers = [await Subscriber.connect(relay_uri, config, timeout_s=120) for _ in range(16)]
+    direct = await Subscriber.connect(f"moqt://127.0.0.1:{publisher_port}/", config, timeout_s=120)
+    bench = Bench(relay, publisher, subscribers, direct)
+    try:
+        return [*await _fanout_rows(bench, octets, reps), *await _fetch_rows(bench, reps)]
+    finally:
+        for sub in [*subscribers, direct]:
+            await sub.close()
+
+
+def run(quick: bool = False) -> dict[str, object]:
+    octets, reps = (4 * MiB, 2) if quick else (16 * MiB, 5)
+    with tempfile.TemporaryDirectory() as tmp:
+        pki = Path(tmp)
+        make_dev_pki(pki, [RoleSpec(name, uri) for name, uri in ROLES.items()])
+        ctx = mp.get_context("spawn")
+        relay_conn, relay_child = ctx.Pipe()
+        pub_conn, pub_child = ctx.Pipe()
+        relay = ctx.Process(target=_relay_process, args=(tmp, relay_child), daemon=True)
+        relay.start()
+        publisher: mp.process.BaseProcess | None = None
+        try:
+            relay_port: int = relay_conn.recv()
+            publisher = ctx.Process(target=_publisher_process, daemon=True,
+                                    args=(tmp, f"moqt://127.0.0.1:{relay_port}/relay", 4 * (reps + 1), pub_child))
+            publisher.start()
+            publisher_port: int = pub_conn.recv()
+            rows = asyncio.run(_measure(pki, relay_port, publisher_port, relay_conn, pub_conn, octets, reps))
+        finally:
+            for conn in (pub_conn, relay_conn):
+                conn.send("stop")
+            for proc in (publisher, relay):
+                if proc is not None:
+                    proc.join(10)
+                    if proc.is_alive():
+                        proc.terminate()
+    return {"name": "relay", "params": {"fanout_track_octets": octets, "block_octets": LAYERS * OBJECT,
+                                        "object_octets": OBJECT, "reps": reps,
+                                        "processes": "relay, publisher and subscribers in separate processes"},
+            "cases": rows}
+
+
+def main(argv: Sequence[str]) -> None:
+    print(json.dumps(run(quick="--quick" in argv), indent=2))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

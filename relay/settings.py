@@ -1,0 +1,129 @@
+"""``[relay]`` of a role configuration (see docs/relay.md).
+
+    [relay]
+    listen = "127.0.0.1:4443"                   # UDP: MOQT over QUIC
+    uri = "moqt://127.0.0.1:4443/relay"         # this relay's URI; its path is the only PATH accepted
+    upstream = ["moqt://spine:4443/relay"]      # optional: where requests go that no publisher here serves
+    peers = ["https://spine.example/kvsp/"]     # relays trusted to publish and subscribe for others
+    open_prefixes = ["interop"]                 # namespaces (first fields, "/"-separated) open to anyone
+    cache_octets = 268435456                    # object cache bound (0: no cache)
+    cache_ttl_s = 60.0                          # no longer than the replicas' TTL (D4)
+    subscriber_buffer_octets = 8388608          # per subscriber; beyond it: PUBLISH_DONE TOO_FAR_BEHIND
+    token_keys = ["issuer.pub.pem"]             # keys that sign AUTHORIZATION_TOKENs (ES256)
+    drain_s = 5.0                               # GOAWAY, then this long before sessions are closed
+    upstream_timeout_s = 30.0                   # per object of an upstream FETCH
+    idle_timeout_s = 30.0                       # QUIC idle timeout (a killed peer is noticed after it)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from control.config import RoleConfig
+from kvsp._reader import ObjectReader
+from kvsp.errors import ValidationError
+from kvsp.identifiers import check_base_uri
+from moqt.quic import MoqtUri
+from moqt.wire import Namespace
+
+KNOWN_KEYS: Final = frozenset({
+    "listen", "uri", "upstream", "peers", "open_prefixes", "cache_octets", "cache_ttl_s",
+    "subscriber_buffer_octets", "token_keys", "drain_s", "upstream_timeout_s", "idle_timeout_s",
+})
+DEFAULT_CACHE_OCTETS: Final = 256 << 20
+DEFAULT_CACHE_TTL_S: Final = 60.0
+DEFAULT_SUBSCRIBER_BUFFER: Final = 8 << 20
+MAX_OCTETS: Final = 1 << 50
+
+
+@dataclass(frozen=True, slots=True)
+class RelaySettings:
+    host: str
+    port: int
+    uri: str
+    upstream: tuple[str, ...] = ()
+    peers: frozenset[str] = frozenset()
+    open_prefixes: tuple[Namespace, ...] = ()
+    cache_octets: int = DEFAULT_CACHE_OCTETS
+    cache_ttl_s: float = DEFAULT_CACHE_TTL_S
+    subscriber_buffer_octets: int = DEFAULT_SUBSCRIBER_BUFFER
+    token_keys: tuple[Path, ...] = ()
+    drain_s: float = 5.0
+    upstream_timeout_s: float = 30.0
+    idle_timeout_s: float = 30.0  # QUIC idle timeout: how soon a silent (killed) publisher is noticed
+
+    @property
+    def path(self) -> str:
+        return MoqtUri.parse(self.uri).path
+
+    @classmethod
+    def from_config(cls, config: RoleConfig) -> RelaySettings:
+        """Validate ``config.section("relay")``; errors name the member as ``relay.<key>``."""
+        section = dict(config.section("relay"))
+        for name in section:
+            if name not in KNOWN_KEYS:
+                raise ValidationError(f"relay.{name}", f"unknown key; known: {sorted(KNOWN_KEYS)}")
+        r = ObjectReader(section, "relay")
+        host, port = _listen(r.str("listen", max_length=300))
+        uri = _moqt_uri(r.str("uri", max_length=2048), "relay.uri")
+        return cls(
+            host, port, uri,
+            upstream=tuple(_moqt_uri(_text(m, v), m) for m, v in _items(r, "upstream")),
+            peers=frozenset(check_base_uri(_text(m, v), m) for m, v in _items(r, "peers")),
+            open_prefixes=tuple(_prefix(_text(m, v), m) for m, v in _items(r, "open_prefixes")),
+            cache_octets=_int(r, "cache_octets", DEFAULT_CACHE_OCTETS, minimum=0),
+            cache_ttl_s=_seconds(r, "cache_ttl_s", DEFAULT_CACHE_TTL_S),
+            subscriber_buffer_octets=_int(r, "subscriber_buffer_octets", DEFAULT_SUBSCRIBER_BUFFER, minimum=1),
+            token_keys=tuple(config.path(_text(m, v)) for m, v in _items(r, "token_keys")),
+            drain_s=_seconds(r, "drain_s", 5.0),
+            upstream_timeout_s=_seconds(r, "upstream_timeout_s", 30.0),
+            idle_timeout_s=_seconds(r, "idle_timeout_s", 30.0),
+        )
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValidationError("relay.listen", "must be HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _moqt_uri(value: str, member: str) -> str:
+    try:
+        MoqtUri.parse(value)
+    except ValueError as exc:
+        raise ValidationError(member, str(exc)) from exc
+    return value
+
+
+def _prefix(value: str, member: str) -> Namespace:
+    fields = tuple(f.encode() for f in value.split("/"))
+    if not value or any(not f for f in fields):
+        raise ValidationError(member, "must be non-empty namespace fields separated by '/'")
+    return fields
+
+
+def _items(r: ObjectReader, name: str) -> list[tuple[str, object]]:
+    return list(r.items(name, max_items=64)) if r.has(name) else []
+
+
+def _text(member: str, value: object) -> str:
+    if not isinstance(value, str) or not value or len(value) > 4096:
+        raise ValidationError(member, "must be a non-empty string")
+    return value
+
+
+def _int(r: ObjectReader, name: str, default: int, *, minimum: int) -> int:
+    value = r.optional(name, lambda n: r.int(n, minimum=minimum, maximum=MAX_OCTETS))
+    return default if value is None else value
+
+
+def _seconds(r: ObjectReader, name: str, default: float) -> float:
+    value = r.optional(name, r.raw)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 86_400:
+        raise ValidationError(f"relay.{name}", "must be a number of seconds in (0, 86400]")
+    return float(value)
