@@ -26,6 +26,11 @@ same KV -> same continuation on another instance) without weights:
   one with ``random.Random(seed).random()``; each top-p token consumes exactly one draw.  ``step``
   counts sampled tokens, so restoring (seed, step) is ``Random(seed)`` advanced by ``step`` draws.
 
+`LayerwiseEngine.prefill_layerwise` is the same prefill run layer by layer: the prefix's layer l is
+waited for (``wait_layer``), copied into the cache, the rest of the context's layer l is computed and
+announced (``on_layer``), so that loading, computing and publishing overlap; the result is identical to
+`Engine.prefill` with the same prefix.
+
 The next token is thus a function of the cached KV and the sampler state alone: an instance that
 resumes from a checkpoint (loading or recomputing the same KV, restoring the same sampler) continues
 exactly where the failed one would have.
@@ -35,7 +40,8 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -43,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvsp.records import Sampler
+from kvsp.registry import ELEMENT_TYPES
 
 LAYOUT: Final = "kvsp-layout-1"
 LOGIT_SCALE: Final = 8.0
@@ -68,11 +75,18 @@ class EngineGeometry:
     def __post_init__(self) -> None:
         if min(self.layers, self.kv_heads, self.head_dim, self.block_tokens, self.vocab_size) < 1:
             raise ValueError("every geometry member must be positive")
+        if self.kv_dtype not in ELEMENT_TYPES:
+            raise ValueError(f"kv_dtype {self.kv_dtype!r} is not in the KVSP Element Types registry")
+
+    @property
+    def element_octets(self) -> int:
+        """Octets of one cache element (the registry size of ``kv_dtype``)."""
+        return ELEMENT_TYPES[self.kv_dtype].size
 
     @property
     def section_octets(self) -> int:
-        """Octets of one K (or V) section of one block and one layer (2-octet elements)."""
-        return self.block_tokens * self.kv_heads * self.head_dim * 2
+        """Octets of one K (or V) section of one block and one layer."""
+        return self.block_tokens * self.kv_heads * self.head_dim * self.element_octets
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -132,6 +146,23 @@ class Engine(Protocol):
         ...
 
 
+WaitLayer = Callable[[int], None]
+OnLayer = Callable[[int], None]
+
+
+class LayerwiseEngine(Engine, Protocol):
+    """An engine whose prefill overlaps with loading the prefix and with publishing, layer by layer."""
+
+    def prefill_layerwise(self, tokens: Sequence[int], prefix_blocks: int, wait_layer: WaitLayer,
+                          on_layer: OnLayer | None = None) -> Step:
+        """Prefill ``tokens`` whose leading ``prefix_blocks`` blocks' KV arrives through `import_kv` while this
+        runs (in a worker thread): before computing layer l the engine calls ``wait_layer(l)``, which returns once
+        every prefix block's layer l has been given to `import_kv` (it raises to abort). After layer l of the whole
+        context is in the cache it calls ``on_layer(l)``, after which `export_kv(block, (l, l))` works for every
+        complete block, so the caller can publish layer l while l+1 is computed. Returns the sampled next token."""
+        ...
+
+
 def greedy_sampler(seed: int = 0) -> Sampler:
     return Sampler(GREEDY, (), seed, 0, True)
 
@@ -172,14 +203,18 @@ def _logits(fingerprint: bytes, vocab_size: int) -> npt.NDArray[np.float32]:
     return (((h >> np.uint64(11)).astype(np.float64) * 2.0**-53 * 2 - 1) * LOGIT_SCALE).astype(np.float32)
 
 
-class _SamplerState:
-    """Sampler method, parameters and a `random.Random` whose position is (seed, step)."""
+class SamplerState:
+    """Sampler method, parameters and a `random.Random` whose position is (seed, step).
+
+    Shared by every kvsp engine, so a session checkpointed on one engine kind samples the same way on
+    another given the same logits.  Top-p works on the float32 logits in float64 numpy arithmetic.
+    """
 
     __slots__ = ("rng", "state")
 
     def __init__(self, state: Sampler) -> None:
         if state.method not in (GREEDY, TOP_P):
-            raise ValueError(f"the test engine samples {GREEDY!r} or {TOP_P!r}, not {state.method!r}")
+            raise ValueError(f"kvsp engines sample {GREEDY!r} or {TOP_P!r}, not {state.method!r}")
         self.state = state
         self.rng = random.Random(state.seed)
         if state.method == TOP_P:
@@ -221,16 +256,21 @@ def _number(state: Sampler, name: str, default: float) -> float:
 class DeterministicTestEngine:
     """A TEST engine (numpy only) whose KV, logits and samples are documented functions; see the module."""
 
-    __slots__ = ("_fingerprint", "_geometry", "_kv", "_length", "_pending", "_sampler", "_staged",
-                 "loaded_tokens", "recomputed_tokens")
+    __slots__ = ("_fingerprint", "_geometry", "_kv", "_length", "_lock", "_pending", "_ready_layers", "_sampler",
+                 "_staged", "loaded_tokens", "recomputed_tokens")
 
     def __init__(self, geometry: EngineGeometry, sampler: Sampler | None = None) -> None:
+        if geometry.element_octets != 2:
+            raise ValueError(f"the test engine stores 2-octet elements, not {geometry.kv_dtype}")
         self._geometry = geometry
-        self._sampler = _SamplerState(sampler or greedy_sampler())
+        self._sampler = SamplerState(sampler or greedy_sampler())
         self._kv: _F16 = self._allocate(geometry.block_tokens)
         self._length = 0
+        self._ready_layers = geometry.layers  # layers whose cache covers the whole context
         self._pending: int | None = None
         self._fingerprint = self._new_fingerprint()
+        # import_kv runs in the event loop thread while prefill_layerwise runs in a worker thread.
+        self._lock = threading.Lock()
         self._staged: dict[int, dict[int, tuple[_F16, _F16]]] = {}
         self.loaded_tokens = 0  # tokens of the last prefill whose KV was loaded rather than computed
         self.recomputed_tokens = 0
@@ -247,21 +287,16 @@ class DeterministicTestEngine:
     def prefill(self, tokens: Sequence[int], loaded_prefix_kv: Sequence[BlockKv] = ()) -> Step:
         if not tokens:
             raise ValueError("prefill needs at least one token")
-        g = self._geometry
-        self._kv, self._length = self._allocate(len(tokens)), 0
-        self._fingerprint = self._new_fingerprint()
-        loaded = self._loaded_blocks(loaded_prefix_kv, len(tokens) // g.block_tokens)
-        for block, layers in enumerate(loaded):
-            for layer, (k, v) in enumerate(layers):
-                rows = slice(block * g.block_tokens, (block + 1) * g.block_tokens)
-                self._kv[0, layer, rows], self._kv[1, layer, rows] = k, v
-        start = len(loaded) * g.block_tokens
-        self._compute(tokens[start:], start)
-        self._length = len(tokens)
-        self._absorb(0, len(tokens))
-        self._staged.clear()
-        self.loaded_tokens, self.recomputed_tokens = start, len(tokens) - start
-        return self._sample()
+        loaded = self._loaded_blocks(loaded_prefix_kv, len(tokens) // self._geometry.block_tokens)
+        return self._run(tokens, len(loaded), lambda block, layer: loaded[block][layer], None, None)
+
+    def prefill_layerwise(self, tokens: Sequence[int], prefix_blocks: int, wait_layer: WaitLayer,
+                          on_layer: OnLayer | None = None) -> Step:
+        if not tokens:
+            raise ValueError("prefill needs at least one token")
+        if not 0 <= prefix_blocks <= len(tokens) // self._geometry.block_tokens:
+            raise ValueError(f"{prefix_blocks} prefix blocks do not fit in {len(tokens)} tokens")
+        return self._run(tokens, prefix_blocks, self._take_staged, wait_layer, on_layer)
 
     def decode_step(self) -> Step:
         if self._pending is None:
@@ -270,7 +305,8 @@ class DeterministicTestEngine:
             grown = self._allocate(2 * self._length)
             grown[:, :, : self._length] = self._kv[:, :, : self._length]
             self._kv = grown
-        self._compute([self._pending], self._length)
+        for layer in range(self._geometry.layers):
+            self._compute(layer, [self._pending], self._length)
         self._length += 1
         self._absorb(self._length - 1, self._length)
         return self._sample()
@@ -280,23 +316,28 @@ class DeterministicTestEngine:
         first, last = layers
         if not 0 <= first <= last < g.layers:
             raise ValueError(f"layers {first}-{last} outside 0-{g.layers - 1}")
+        if last >= self._ready_layers:
+            raise ValueError(f"layer {last} is not computed yet")
         if block < 0 or (block + 1) * g.block_tokens > self._length:
             raise ValueError(f"block {block} is not complete in a context of {self._length} tokens")
         rows = slice(block * g.block_tokens, (block + 1) * g.block_tokens)
-        return [LayerKv(layer, _octets(self._kv[0, layer, rows]), _octets(self._kv[1, layer, rows]))
+        kv = self._kv
+        return [LayerKv(layer, _octets(kv[0, layer, rows]), _octets(kv[1, layer, rows]))
                 for layer in range(first, last + 1)]
 
     def import_kv(self, block: int, layer: int, k: Bytes, v: Bytes) -> None:
         g = self._geometry
         if block < 0 or not 0 <= layer < g.layers:
             raise ValueError(f"block {block} layer {layer} outside the geometry")
-        self._staged.setdefault(block, {})[layer] = (self._section(k), self._section(v))
+        sections = (self._section(k), self._section(v))
+        with self._lock:
+            self._staged.setdefault(block, {})[layer] = sections
 
     def sampler_state(self) -> Sampler:
         return self._sampler.state
 
     def restore_sampler(self, state: Sampler) -> None:
-        self._sampler = _SamplerState(state)
+        self._sampler = SamplerState(state)
 
     # -- for tests -----------------------------------------------------------------------------
     def reference_kv(self, tokens: Sequence[int], block: int) -> list[LayerKv]:
@@ -310,6 +351,41 @@ class DeterministicTestEngine:
                         _octets(kv_values(g, 1, chunk, start, layer))) for layer in range(g.layers)]
 
     # -- internals -----------------------------------------------------------------------------
+    def _run(self, tokens: Sequence[int], prefix_blocks: int, prefix: Callable[[int, int], tuple[_F16, _F16]],
+             wait_layer: WaitLayer | None, on_layer: OnLayer | None) -> Step:
+        """Layer by layer: wait for the prefix's layer, copy it in, compute the rest, announce the layer."""
+        g = self._geometry
+        self._kv, self._length, self._ready_layers = self._allocate(len(tokens)), len(tokens), 0
+        self._pending, self._fingerprint = None, self._new_fingerprint()
+        start = prefix_blocks * g.block_tokens
+        try:
+            for layer in range(g.layers):
+                if wait_layer is not None:
+                    wait_layer(layer)
+                for block in range(prefix_blocks):
+                    rows = slice(block * g.block_tokens, (block + 1) * g.block_tokens)
+                    self._kv[0, layer, rows], self._kv[1, layer, rows] = prefix(block, layer)
+                self._compute(layer, tokens[start:], start)
+                self._ready_layers = layer + 1
+                if on_layer is not None:
+                    on_layer(layer)
+        except BaseException:
+            self._length, self._ready_layers = 0, g.layers  # no context: export refuses every block
+            raise
+        finally:
+            with self._lock:
+                self._staged.clear()
+        self._absorb(0, len(tokens))
+        self.loaded_tokens, self.recomputed_tokens = start, len(tokens) - start
+        return self._sample()
+
+    def _take_staged(self, block: int, layer: int) -> tuple[_F16, _F16]:
+        with self._lock:
+            sections = self._staged.get(block, {}).get(layer)
+        if sections is None:
+            raise ValueError(f"block {block} layer {layer} was not imported before wait_layer({layer}) returned")
+        return sections
+
     def _allocate(self, tokens: int) -> _F16:
         g = self._geometry
         return np.zeros((2, g.layers, max(tokens, 1), g.kv_heads, g.head_dim), dtype="<f2")
@@ -333,19 +409,18 @@ class DeterministicTestEngine:
             if block < len(given):
                 layers = {lk.layer: (self._section(lk.k), self._section(lk.v)) for lk in given[block]}
             else:
-                layers = self._staged.get(block, {})
+                with self._lock:
+                    layers = dict(self._staged.get(block, {}))
             if len(layers) != g.layers or set(layers) != set(range(g.layers)):
                 break
             out.append([layers[layer] for layer in range(g.layers)])
         return out
 
-    def _compute(self, tokens: Sequence[int], start: int) -> None:
+    def _compute(self, layer: int, tokens: Sequence[int], start: int) -> None:
         if not tokens:
             return
-        for layer in range(self._geometry.layers):
-            for kind in (0, 1):
-                self._kv[kind, layer, start : start + len(tokens)] = kv_values(self._geometry, kind, tokens, start,
-                                                                                layer)
+        for kind in (0, 1):
+            self._kv[kind, layer, start : start + len(tokens)] = kv_values(self._geometry, kind, tokens, start, layer)
 
     def _absorb(self, start: int, end: int) -> None:
         """Feed positions [start, end) to the fingerprint, position by position (K then V per layer)."""
@@ -359,6 +434,6 @@ class DeterministicTestEngine:
         return Step(token, logits)
 
 
-def _conforms(engine: DeterministicTestEngine) -> Engine:
-    """Static check (mypy): the test engine implements the whole `Engine` protocol."""
+def _conforms(engine: DeterministicTestEngine) -> LayerwiseEngine:
+    """Static check (mypy): the test engine implements the whole `LayerwiseEngine` protocol."""
     return engine

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import threading
 
 import numpy as np
 import pytest
@@ -202,3 +203,110 @@ def test_context_grows_past_its_first_allocation() -> None:
     for block in (0, 9):
         exported = [bytes(lk.k) + bytes(lk.v) for lk in engine.export_kv(block, (0, 2))]
         assert exported == [bytes(lk.k) + bytes(lk.v) for lk in engine.reference_kv(context, block)]
+
+
+# -- layer-wise prefill (LayerwiseEngine) ---------------------------------------------------------------
+
+
+def test_layerwise_prefill_waits_for_each_layer_and_announces_it() -> None:
+    source = DeterministicTestEngine(G)
+    expected = source.prefill(PROMPT)
+    blocks = [source.export_kv(b, (0, G.layers - 1)) for b in range(2)]
+    engine = DeterministicTestEngine(G)
+    events: list[str] = []
+
+    def wait_layer(layer: int) -> None:
+        events.append(f"wait {layer}")
+        for block in range(2):  # the layer arrives only when the engine asks for it
+            lk = blocks[block][layer]
+            engine.import_kv(block, layer, lk.k, lk.v)
+
+    def on_layer(layer: int) -> None:
+        events.append(f"done {layer}")
+        for block in range(2):
+            [mine] = engine.export_kv(block, (layer, layer))
+            assert bytes(mine.k) + bytes(mine.v) == bytes(blocks[block][layer].k) + bytes(blocks[block][layer].v)
+        if layer < G.layers - 1:
+            with pytest.raises(ValueError):
+                engine.export_kv(0, (layer, layer + 1))  # the next layer is not computed yet
+
+    step = engine.prefill_layerwise(PROMPT, 2, wait_layer, on_layer)
+    assert events == [f"{what} {layer}" for layer in range(G.layers) for what in ("wait", "done")]
+    assert step.token == expected.token and np.array_equal(step.logits, expected.logits)
+    assert (engine.loaded_tokens, engine.recomputed_tokens) == (8, 2)
+    assert engine.decode_step().token == source.decode_step().token and engine.context_length == len(PROMPT) + 1
+
+
+def test_layerwise_prefill_takes_layers_imported_from_another_thread() -> None:
+    source = DeterministicTestEngine(G)
+    expected = source.prefill(PROMPT).token
+    engine = DeterministicTestEngine(G)
+    arrived = [threading.Event() for _ in range(G.layers)]
+
+    def loader() -> None:
+        for layer in range(G.layers):
+            for block in range(2):
+                [lk] = source.export_kv(block, (layer, layer))
+                engine.import_kv(block, layer, bytes(lk.k), bytes(lk.v))
+            arrived[layer].set()
+
+    def wait_layer(layer: int) -> None:
+        if not arrived[layer].wait(5):
+            raise TimeoutError(f"layer {layer}")
+
+    thread = threading.Thread(target=loader)
+    thread.start()
+    try:
+        step = engine.prefill_layerwise(PROMPT, 2, wait_layer)
+    finally:
+        thread.join()
+    assert step.token == expected and engine.loaded_tokens == 8
+
+
+def test_layerwise_prefill_with_wrong_prefix_kv_changes_the_output() -> None:
+    source = DeterministicTestEngine(G)
+    good = source.prefill(PROMPT)
+    engine = DeterministicTestEngine(G)
+    for block in range(2):
+        for lk in source.export_kv(block, (0, G.layers - 1)):
+            k = bytearray(lk.k)
+            k[0] ^= 0x01 if (block, lk.layer) == (1, 2) else 0
+            engine.import_kv(block, lk.layer, k, lk.v)
+    assert not np.array_equal(engine.prefill_layerwise(PROMPT, 2, lambda _: None).logits, good.logits)
+
+
+def test_layerwise_prefill_without_a_prefix_is_a_plain_prefill() -> None:
+    expected = DeterministicTestEngine(G).prefill(PROMPT)
+    done: list[int] = []
+    step = DeterministicTestEngine(G).prefill_layerwise(PROMPT, 0, lambda _: None, done.append)
+    assert step.token == expected.token and done == list(range(G.layers))
+
+
+def test_layerwise_prefill_aborts_cleanly() -> None:
+    engine = DeterministicTestEngine(G)
+
+    def wait_layer(layer: int) -> None:
+        if layer == 1:
+            raise TimeoutError("layer 1 did not arrive")
+
+    with pytest.raises(TimeoutError):
+        engine.prefill_layerwise(PROMPT, 0, wait_layer)
+    assert engine.context_length == 0
+    with pytest.raises(RuntimeError):
+        engine.decode_step()
+    with pytest.raises(ValueError):
+        engine.export_kv(0, (0, 0))
+    with pytest.raises(ValueError, match="not imported"):  # wait_layer returned but the layer is missing
+        engine.prefill_layerwise(PROMPT, 1, lambda _: None)
+    with pytest.raises(ValueError):
+        engine.prefill_layerwise(PROMPT, 3, lambda _: None)  # only two complete blocks
+    assert engine.prefill(PROMPT).token == DeterministicTestEngine(G).prefill(PROMPT).token
+
+
+def test_section_size_follows_the_kv_dtype() -> None:
+    assert EngineGeometry(2, 2, 4, 4, 10, "fp32").section_octets == 4 * 2 * 4 * 4
+    assert EngineGeometry(2, 2, 4, 4, 10, "fp8-e4m3").section_octets == 4 * 2 * 4
+    with pytest.raises(ValueError):
+        EngineGeometry(2, 2, 4, 4, 10, "int4")
+    with pytest.raises(ValueError):
+        DeterministicTestEngine(EngineGeometry(2, 2, 4, 4, 10, "fp32"))
