@@ -30,7 +30,7 @@ from control.tls import TlsFiles
 from kvsp.errors import ValidationError
 from kvsp.identifiers import check_base_uri
 
-KNOWN_ROLES = ("is", "holder", "pc", "instance", "relay")
+KNOWN_ROLES = ("is", "holder", "pc", "instance", "relay", "frontend")
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,10 @@ from kvsp.container import decode_container, replica_digest
 from kvsp.descriptor import CompatDescriptor
 from kvsp.encoding import canonical_json, format_digest
 from kvsp.errors import KvspError, ValidationError
+from kvsp.hf.cli import add_model_parser
 from kvsp.keys import ScopeKey, block_keys
 from kvsp.pki import RoleSpec, make_dev_pki
+from kvsp.up.cli import add_parsers as add_up_parsers
 
 EXIT_INVALID = 2
 MAX_TEXT_INPUT = 64 * 1024 * 1024  # descriptors and token lists are small; refuse runaway input
@@ -139,6 +141,34 @@ def cmd_demo(args: argparse.Namespace) -> None:
     demo.main(args.dir)
 
 
+def find_benchmarks(starts: Sequence[Path]) -> Path | None:
+    """The source checkout whose benchmarks/ to run: the first of ``starts`` or their parents that has one."""
+    for start in starts:
+        for folder in (start, *start.parents):
+            if (folder / "benchmarks" / "__main__.py").is_file():
+                return folder
+    return None
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    # The suites measure a source checkout and use its tests' helpers, so they are not installed with
+    # the package: run ``python -m benchmarks`` in the checkout (here or above, or the editable install's).
+    import subprocess  # noqa: PLC0415
+
+    root = find_benchmarks([Path.cwd(), Path(__file__).resolve().parent.parent])
+    if root is None:
+        raise CliError("bench: no benchmarks/ folder here, above, or beside the kvsp package; run it in a kvsp "
+                       "source checkout")
+    forward = [flag for flag, on in (("--quick", args.quick), ("--no-plots", args.no_plots), ("--list", args.list))
+               if on]
+    forward += ["--out", str(Path(args.out).resolve())] if args.out else []
+    forward += ["--timeout", str(args.timeout)] if args.timeout is not None else []
+    forward += ["--only", *args.only] if args.only else []
+    done = subprocess.run([sys.executable, "-m", "benchmarks", *forward], cwd=root, check=False)
+    if done.returncode:
+        raise SystemExit(done.returncode)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvsp", description="KV Cache Storage Protocol tools")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -170,10 +200,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True)
     p.set_defaults(func=cmd_serve)
 
+    add_model_parser(sub)
+
     p = sub.add_parser("certs", help="make a development CA and role certificates")
     p.add_argument("dir")
     p.add_argument("--role", action="append", default=[], metavar="NAME=URI")
     p.set_defaults(func=cmd_certs)
+
+    p = sub.add_parser("bench", help="run the benchmarks of a source checkout (python -m benchmarks)")
+    p.add_argument("--quick", action="store_true", help="CI-sized runs")
+    p.add_argument("--out", help="folder for results.json, results.md, plots/ (default benchmarks/results)")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="suites to run (default all)")
+    p.add_argument("--timeout", type=float, help="seconds per suite")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--list", action="store_true", help="print the suites and exit")
+    p.set_defaults(func=cmd_bench)
+
+    add_up_parsers(sub)
     return parser
 
 

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from control import serve
+from control.config import RoleConfig
+from kvsp.errors import ValidationError
 from tests.conftest import (
     APPENDIX_A_COMPAT_ID,
     APPENDIX_A_K0,
@@ -148,8 +151,15 @@ def test_demo_walkthrough_runs(tmp_path: Path) -> None:
     assert (tmp_path / "pki" / "ca.pem").exists()
 
 
-def test_serve_role_not_in_this_version_is_one_line(tmp_path: Path) -> None:
+def test_serve_relay_without_its_table_is_one_line(tmp_path: Path) -> None:
     config = tmp_path / "relay.toml"
     config.write_text('roles = ["relay"]\n[server]\nbase_uri = "https://127.0.0.1:1/"\n'
                       '[tls]\ncert = "a.pem"\nkey = "a.key"\nca = "ca.pem"\n')
-    assert_one_line_error(kvsp("serve", "relay", "--config", str(config)), "not available")
+    assert_one_line_error(kvsp("serve", "relay", "--config", str(config)), "relay.listen")
+
+
+def test_a_role_whose_module_is_absent_is_a_validation_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(serve.ROLE_MODULES, "relay", "relay.not_built_here")
+    config = RoleConfig.from_mapping({"roles": ["relay"], "server": {"base_uri": "https://127.0.0.1:1/"}}, Path("."))
+    with pytest.raises(ValidationError, match="not available in this version"):
+        serve.build_app(config, allow_insecure=True)
