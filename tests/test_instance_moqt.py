@@ -181,9 +181,13 @@ def test_the_loading_settings(tmp_path: Path) -> None:
                        fetch_concurrency=32, moqt_object_timeout_ms=500)
     assert (chosen.layerwise, chosen.moqt_fetch, chosen.publish_live) == (False, True, True)
     assert chosen.engine == f"hf:{tmp_path / 'm'}" and chosen.limits.fetch_concurrency == 32
+    assert chosen.moqt_relay is None
+    assert _settings(tmp_path, moqt_fetch=True, moqt_relay="moqt://r:1/relay").moqt_relay == "moqt://r:1/relay"
     for bad, member in (({"layerwise": "yes"}, "instance.layerwise"), ({"engine": "hf:"}, "instance.engine"),
                         ({"engine": "hf:nowhere"}, "instance.engine"), ({"engine": "vllm"}, "instance.engine"),
-                        ({"fetch_concurrency": 0}, "instance.fetch_concurrency")):
+                        ({"fetch_concurrency": 0}, "instance.fetch_concurrency"),
+                        ({"moqt_relay": "moqt://127.0.0.1:4443/relay"}, "instance.moqt_relay"),  # no moqt_fetch
+                        ({"moqt_fetch": True, "moqt_relay": "https://r/"}, "instance.moqt_relay")):
         with pytest.raises(ValidationError) as caught:
             _settings(tmp_path, **bad)
         assert caught.value.member == member

@@ -492,3 +492,33 @@ async def test_fetches_past_the_request_window_wait_for_ids_instead_of_failing(d
         assert not isinstance(block, BlockMiss) and block.replica_verified
         assert bytes(block.container.data) == container(6)[decode_container(container(6)).header_length:]
     assert sessions == 1
+
+
+async def test_a_bad_block_through_the_local_relay_withdraws_the_published_record(deployment: Deployment) -> None:
+    # The client reads moqt replicas through its rack relay (a rewritten record the IS never saw); a digest
+    # mismatch there must withdraw the record that was published, then fall back to https.
+    https, moqt = await deployment.put(7)
+    objects = objects_of(7)
+    flipped = bytearray(objects[1].payload)
+    flipped[3] ^= 0x01
+    objects[1] = dataclasses.replace(objects[1], payload=memoryview(bytes(flipped)))
+    relay = await double(deployment, objects)
+    relay_uri = f"moqt://127.0.0.1:{relay.port}/"
+    client = deployment.client()
+    fetcher = BlockFetcher(deployment.session, deployment.pki.uri("is"),
+                           options=FetchOptions(geometry=GEOMETRY, local_relay=relay_uri), moqt=client)
+    withdrawn: list[tuple[str, bytes]] = []
+
+    async def withdraw(holder: str, block_key: bytes) -> None:
+        withdrawn.append((holder, block_key))
+
+    fetcher.index.withdraw = withdraw  # type: ignore[method-assign, assignment]
+    try:
+        async with asyncio.timeout(T):
+            result = await fetcher.load(SCOPE, COMPAT, [[moqt, https]], block_tokens=DESCRIPTOR.block_tokens)
+    finally:
+        await client.close()
+        await relay.close()
+    assert [(a.holder, a.outcome) for a in result.attempts] == [(relay_uri, Outcome.DIGEST_MISMATCH),
+                                                               (https.holder, Outcome.LOADED)]
+    assert withdrawn == [(moqt.holder, key(7))]

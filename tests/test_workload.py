@@ -170,10 +170,20 @@ def test_prepare_writes_configs_every_role_accepts(tmp_path: Path) -> None:
 
 
 def test_a_relay_is_configured_when_asked(tmp_path: Path) -> None:
-    deployment = prepare(tmp_path, UpOptions(model="test", relay=True))
+    deployment = prepare(tmp_path, UpOptions(model="test", relay=True, moqt_fetch=True))
     relay = next(p for p in deployment.phases["main"] if p.name == "relay1")
     settings = RelaySettings.from_config(RoleConfig.load(tmp_path / relay.config))
-    assert settings.upstream and settings.uri.startswith("moqt://127.0.0.1:")
+    assert settings.uri.startswith("moqt://127.0.0.1:")
+    # D4: the cache holder publishes through its rack relay and the instances read moqt replicas through it
+    names = [p.name for p in deployment.phases["main"]]
+    assert names.index("relay1") < names.index("h1")
+    h1 = HolderSettings.from_config(RoleConfig.load(tmp_path / next(p for p in deployment.phases["main"]
+                                                                    if p.name == "h1").config))
+    assert h1.moqt is not None and h1.moqt.relay == settings.uri
+    for proc in deployment.phases["main"]:
+        if proc.instance:
+            instance = InstanceSettings.from_config(RoleConfig.load(tmp_path / proc.config))
+            assert instance.moqt_fetch and instance.moqt_relay == settings.uri
 
 
 def test_bad_command_lines_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

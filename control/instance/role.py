@@ -103,7 +103,8 @@ class InstanceRole:
         """moqt:// replicas compete with https ones on the reported links' cost when ``moqt_fetch`` is set."""
         session = self._session()
         options = FetchOptions(lease_ms=lease_ms, deadline_s=deadline_s, geometry=self.geometry,
-                               links=self.settings.links, concurrency=self.settings.limits.fetch_concurrency)
+                               links=self.settings.links, concurrency=self.settings.limits.fetch_concurrency,
+                               local_relay=self.settings.moqt_relay)
         return BlockFetcher(session, IndexClient(session, self.settings.index), holder=HolderClient(session),
                             options=options, stats=self.stats, moqt=self._moqt)
 

@@ -36,6 +36,8 @@
     layerwise = true                         # load the cached prefix layer by layer, overlapped with prefill
     moqt_fetch = false                       # read moqt:// replicas over MOQT (certificate of [tls]), else HTTPS
     moqt_object_timeout_ms = 10000           # MOQT: the longest wait for one object (a stalled publisher)
+    moqt_relay = "moqt://127.0.0.1:4443/relay"  # optional, with moqt_fetch: the own rack's relay; every moqt
+                                             # replica is read through it (decision D4)
     publish_live = false                     # prefill: publish computed blocks layer by layer over the
                                              # holder's MOQT listener while later layers are computed
 
@@ -57,6 +59,7 @@ from kvsp.errors import ValidationError
 from kvsp.keys import ScopeKey
 from kvsp.records import Link
 from kvsp.records._common import MAX_SAFE_INT, check_uri
+from moqt.quic import MoqtUri
 
 TEST_ENGINE: Final = "test"
 HF_PREFIX: Final = "hf:"  # "hf:DIR": the Hugging Face adapter on the model directory DIR
@@ -96,7 +99,7 @@ _MINIMUM: Final[Mapping[str, int]] = {"vocab_size": 2, "status_ttl_ms": 3, "fini
 _INTS: Final = tuple(f.name for f in fields(Limits))
 _FLAGS: Final = ("layerwise", "moqt_fetch", "publish_live")
 KNOWN_KEYS: Final = frozenset({"pc", "index", "engine", "descriptors", "scope_keys", "replicate_to", "peers",
-                               "idle_for_s", "links", *_FLAGS, *_INTS})
+                               "idle_for_s", "links", "moqt_relay", *_FLAGS, *_INTS})
 MAX_LINKS: Final = 256
 
 
@@ -117,6 +120,7 @@ class InstanceSettings:
     layerwise: bool = True
     moqt_fetch: bool = False
     publish_live: bool = False
+    moqt_relay: str | None = None
 
     def may_read_shards(self, identity: str) -> bool:
         return identity in self.peers or ANY in self.peers
@@ -148,7 +152,21 @@ class InstanceSettings:
             layerwise=flags["layerwise"] is not False,
             moqt_fetch=flags["moqt_fetch"] is True,
             publish_live=flags["publish_live"] is True,
+            moqt_relay=_moqt_relay(r, flags["moqt_fetch"] is True),
         )
+
+
+def _moqt_relay(r: ObjectReader, moqt_fetch: bool) -> str | None:
+    uri = r.optional("moqt_relay", lambda n: r.str(n, max_length=2048))
+    if uri is None:
+        return None
+    if not moqt_fetch:
+        raise ValidationError(r.member("moqt_relay"), "needs moqt_fetch = true (the relay is reached over MOQT)")
+    try:
+        MoqtUri.parse(uri)
+    except ValueError as exc:
+        raise ValidationError(r.member("moqt_relay"), str(exc)) from exc
+    return uri
 
 
 def _engine(r: ObjectReader, config: RoleConfig) -> str:

@@ -75,6 +75,7 @@ class FetchOptions:
     default_mbit_per_s: float = 10_000.0
     default_rtt_us: int = 1_000
     geometry: Geometry | None = None
+    local_relay: str | None = None  # moqt:// URI of the own rack's relay: moqt replicas are read through it
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -229,7 +230,7 @@ class BlockFetcher:
         self.options = options or FetchOptions()
         self.stats = stats or ClientStats()
         self.links = LinkTable.of(self.options.links, default_mbit_per_s=self.options.default_mbit_per_s,
-                                  default_rtt_us=self.options.default_rtt_us)
+                                  default_rtt_us=self.options.default_rtt_us, local_relay=self.options.local_relay)
 
     async def fetch(self, scope_id: bytes, compat_id: bytes, block_keys: Sequence[bytes], *,
                     block_tokens: int | None = None, layers: LayerRange | tuple[int, int] | None = None,
@@ -333,7 +334,7 @@ class BlockFetcher:
         while remaining and needed is not None:
             record = next((r for r in remaining if r.holder not in run.suspects), remaining[0])
             remaining.remove(record)
-            loaded = await self._attempt(run, index, record, needed)
+            loaded = await self._attempt(run, index, record, needed, group)
             if loaded is not None:
                 return loaded
         return None
@@ -345,15 +346,15 @@ class BlockFetcher:
         return run.block_tokens is not None or (record.codec == Codec.RAW and self.options.geometry is not None)
 
     # -- one attempt -----------------------------------------------------------------------------------
-    async def _attempt(self, run: _Run, index: int, record: ReplicaRecord,
-                       needed: LayerRange) -> LoadedBlock | None:
+    async def _attempt(self, run: _Run, index: int, record: ReplicaRecord, needed: LayerRange,
+                       group: Sequence[ReplicaRecord]) -> LoadedBlock | None:
         if uri_scheme(record.holder) == "moqt":  # MOQT has no leases: the holder's retention applies
-            return await self._get(run, index, record, needed)
+            return await self._get(run, index, record, needed, group)
         proceed, lease = await self._lease(run, index, record)
         if not proceed:
             return None
         try:
-            return await self._get(run, index, record, needed)
+            return await self._get(run, index, record, needed, group)
         finally:
             if lease is not None:
                 run.spawn(self._release(record.holder, lease.lease))
@@ -429,7 +430,8 @@ class BlockFetcher:
             run.deliver(index, view, digests[view.layer] if view.layer < len(digests) else b"")
         return block
 
-    async def _get(self, run: _Run, index: int, record: ReplicaRecord, needed: LayerRange) -> LoadedBlock | None:
+    async def _get(self, run: _Run, index: int, record: ReplicaRecord, needed: LayerRange,
+                   group: Sequence[ReplicaRecord]) -> LoadedBlock | None:
         try:
             async with asyncio.timeout(self.holder.options.block_timeout_s):
                 if run.on_layer is None:
@@ -438,7 +440,8 @@ class BlockFetcher:
                     answer = await self._streamed(run, index, record, needed)
         except DigestMismatchError as exc:
             self._note(run, index, record, Outcome.DIGEST_MISMATCH, str(exc))
-            await self._withdraw(record)
+            for origin in self._origins(record, group):
+                await self._withdraw(origin)
             return None
         except (TransportError, TimeoutError) as exc:
             run.suspects.add(record.holder)
@@ -462,6 +465,14 @@ class BlockFetcher:
         if counter is not None:
             setattr(self.stats, counter, getattr(self.stats, counter) + 1)
             log.info("block %d at %s: %s %s", index, record.holder, outcome.value, detail)
+
+    def _origins(self, record: ReplicaRecord, group: Sequence[ReplicaRecord]) -> list[ReplicaRecord]:
+        """The published records behind ``record``: itself, or for a replica reached through the local relay
+        (a rewritten record the IS never saw) the moqt records of the same namespace."""
+        relay = self.links.local_relay
+        if relay is None or record.holder != relay or record.moqt_namespace is None:
+            return [record]
+        return [r for r in group if r.moqt_namespace == record.moqt_namespace and uri_scheme(r.holder) == "moqt"]
 
     async def _withdraw(self, record: ReplicaRecord) -> None:
         """Report a bad replica to the IS by withdrawing it on the holder's behalf (section 7), if allowed."""

@@ -158,7 +158,7 @@ class _Shared:
 
 def phase_names(relay: bool) -> dict[str, list[str]]:
     """The process names of each phase; the baseline runs beside the main phase, on its own ports."""
-    main = ["pc", "h1", *INSTANCES, "fe"] + (["relay1"] if relay else [])
+    main = ["pc", *(["relay1"] if relay else []), "h1", *INSTANCES, "fe"]  # the relay before its publisher
     return {"main": main, "baseline": [f"{n}{BASELINE_SUFFIX}" for n in ("pc", *INSTANCES, "fe")]}
 
 
@@ -224,16 +224,18 @@ def _write_phase(run_dir: Path, phase: str, s: _Shared, options: UpOptions, name
                               "call_timeout_ms": 5000}))
     holder = {"index": uri["pc"], "descriptors": [model], "replica_ttl_ms": 120_000}
     h1_moqt = f"127.0.0.1:{s.moqt_ports['h1']}"
+    relay_uri = f"moqt://127.0.0.1:{s.moqt_ports['relay1']}/relay1" if s.relay else None
+    moqt_source = relay_uri or f"moqt://{h1_moqt}/h1"  # where the instances read moqt replicas
     if cache:
-        write("h1", ["holder"], toml_table("holder", {**holder, "host_capacity_octets": 64 << 20,
-                                                      "storage_dir": "blocks-h1", "storage_capacity_octets": 1 << 30,
-                                                      "encryption_key_file": "h1-storage.key",
-                                                      "moqt_listen": h1_moqt, "moqt_uri": f"moqt://{h1_moqt}/h1"}))
-        if s.relay:  # MOQT between racks: here an upstream of the cache holder's MOQT publisher
+        h1: dict[str, TomlValue] = {**holder, "host_capacity_octets": 64 << 20, "storage_dir": "blocks-h1",
+                                    "storage_capacity_octets": 1 << 30, "encryption_key_file": "h1-storage.key",
+                                    "moqt_listen": h1_moqt, "moqt_uri": f"moqt://{h1_moqt}/h1"}
+        if relay_uri is not None:  # the rack relay (D4): h1 publishes through it, its moqt records name it
             port = s.moqt_ports["relay1"]
             write("relay1", ["relay"], toml_table("relay", {
-                "listen": f"127.0.0.1:{port}", "uri": f"moqt://127.0.0.1:{port}/relay1",
-                "upstream": [f"moqt://{h1_moqt}/h1"], "cache_octets": 64 << 20}))
+                "listen": f"127.0.0.1:{port}", "uri": relay_uri, "cache_octets": 64 << 20}))
+            h1["moqt_relay"] = relay_uri
+        write("h1", ["holder"], toml_table("holder", h1))
     for name in INSTANCES:
         instance = _instance_table(s, options, uri, keys, model)
         if cache:
@@ -242,8 +244,10 @@ def _write_phase(run_dir: Path, phase: str, s: _Shared, options: UpOptions, name
                          "moqt_fetch": options.moqt_fetch,
                          "links": [{"holder": uri[h], "mbit_per_s": 10_000.0, "rtt_us": 100} for h in ("h1", *peers)]}
             if options.moqt_fetch:  # the cache holder's moqt:// replicas are priced over their own path
-                instance["links"] = [{"holder": f"moqt://{h1_moqt}/h1", "mbit_per_s": 10_000.0, "rtt_us": 50},
+                instance["links"] = [{"holder": moqt_source, "mbit_per_s": 10_000.0, "rtt_us": 50},
                                      *instance["links"]]  # type: ignore[misc]
+                if relay_uri is not None:
+                    instance["moqt_relay"] = relay_uri
             write(name, ["instance", "holder"], toml_table("holder", holder) + toml_table("instance", instance),
                   instance=True)
         else:  # no holder role and no block memory: every prompt is recomputed
