@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from kvsp.descriptor import CompatDescriptor
 from kvsp.engine import DeterministicTestEngine, EngineGeometry
 from kvsp.records import Sampler
 from kvsp.records.generation import SessionInfo, StreamEnd, TokenEvent, parse_stream_line
+from kvsp.up.layout import TomlValue, toml_table, toml_value
 from tests.support import DevPki
 from tests.test_instance_support import DESCRIPTOR, GEOMETRY, SCOPE, SCOPE_KEY, VOCAB
 
@@ -45,7 +46,6 @@ ROLES = {"pc": "pc,is", "h1": "holder", "ii1": "instance,holder", "ii2": "instan
 JSON = "application/kvsp+json"
 LINK_MBIT_PER_S = 10_000.0  # the paths every instance reports (loopback): to the cache holder and its peer
 LINK_RTT_US = 100
-TomlValue = object  # str, int, float, bool, and arrays and inline tables of them
 
 
 def child_env() -> dict[str, str]:
@@ -77,22 +77,6 @@ def generate_body(prompt: Sequence[int], max_tokens: int, sampler: Sampler,
 
 
 # -- configuration files -------------------------------------------------------------------------------
-def _toml(value: TomlValue) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, Mapping):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, Sequence):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    raise TypeError(f"no TOML for {value!r}")
-
-
-def _table(name: str, values: Mapping[str, TomlValue]) -> str:
-    return f"[{name}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in values.items())
 
 
 @dataclass
@@ -119,18 +103,18 @@ def write_configs(pki: DevPki, tmp: Path, settings: Settings, instances: Sequenc
                                      f"lookup = {grants}\nread = {grants}\nstore = {grants}\n")
 
     def head(name: str, roles: list[str]) -> str:
-        return (f"roles = {_toml(roles)}\npolicy = \"policy.toml\"\n"
-                + _table("server", {"base_uri": pki.uri(name)})
-                + _table("tls", {"cert": f"{name}.pem", "key": f"{name}.key", "ca": "ca.pem"}))
+        return (f"roles = {toml_value(roles)}\npolicy = \"policy.toml\"\n"
+                + toml_table("server", {"base_uri": pki.uri(name)})
+                + toml_table("tls", {"cert": f"{name}.pem", "key": f"{name}.key", "ca": "ca.pem"}))
 
     holder: dict[str, TomlValue] = {"index": pki.uri("pc"), "descriptors": [model], "replica_ttl_ms": 60_000,
                                     **settings.holder}
     pc: dict[str, TomlValue] = {"scope_keys": {SCOPE.hex(): key}, "descriptors": [model],
                                 "status_check_interval_ms": 50, "call_timeout_ms": 3000,
                                 "operators": [pki.uri(n) for n in settings.operators], **settings.pc}
-    (tmp / "pc.toml").write_text(head("pc", ["pc", "is"]) + _table("is", {"descriptors": [model]})
-                                 + _table("pc", pc))
-    (tmp / "h1.toml").write_text(head("h1", ["holder"]) + _table("holder", holder))
+    (tmp / "pc.toml").write_text(head("pc", ["pc", "is"]) + toml_table("is", {"descriptors": [model]})
+                                 + toml_table("pc", pc))
+    (tmp / "h1.toml").write_text(head("h1", ["holder"]) + toml_table("holder", holder))
     for name in instances:
         instance: dict[str, TomlValue] = {
             "pc": pki.uri("pc"), "index": pki.uri("pc"), "engine": "test", "vocab_size": VOCAB,
@@ -140,8 +124,8 @@ def write_configs(pki: DevPki, tmp: Path, settings: Settings, instances: Sequenc
             "links": [{"holder": pki.uri(h), "mbit_per_s": settings.link_mbit_per_s, "rtt_us": LINK_RTT_US}
                       for h in ("h1", *instances) if h != name],
             **settings.instance, **settings.per_instance.get(name, {})}
-        (tmp / f"{name}.toml").write_text(head(name, ["instance", "holder"]) + _table("holder", holder)
-                                          + _table("instance", instance))
+        (tmp / f"{name}.toml").write_text(head(name, ["instance", "holder"]) + toml_table("holder", holder)
+                                          + toml_table("instance", instance))
 
 
 # -- processes ---------------------------------------------------------------------------------------
