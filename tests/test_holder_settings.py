@@ -23,6 +23,13 @@ def test_defaults(tmp_path: Path) -> None:
     s = HolderSettings.from_config(config(tmp_path))
     assert s.index is None and s.descriptors == {} and s.storage_dir is None and s.encryption_key_file is None
     assert (s.replica_ttl_ms, s.retention_ms, s.host_capacity_octets) == (120_000, 3_600_000, 1 << 30)
+    assert s.verify_stored
+
+
+def test_verify_stored_is_a_boolean(tmp_path: Path) -> None:
+    assert not HolderSettings.from_config(config(tmp_path, verify_stored=False)).verify_stored
+    with pytest.raises(ValidationError, match="verify_stored"):
+        HolderSettings.from_config(config(tmp_path, verify_stored="no"))
 
 
 def test_paths_resolve_against_the_config_folder(tmp_path: Path) -> None:

@@ -87,19 +87,19 @@ def setup(app: web.Application, config: RoleConfig) -> None:
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    """Startup: prepare and measure local storage, connect to the IS, start maintenance.
+    """Startup: prepare and measure local storage, connect to the IS, adopt what local storage holds
+    from an earlier process, start maintenance.
     Shutdown: stop maintenance and withdraw every published record (spec 6.1, clean shutdown)."""
     holder, config = app[HOLDER], app[CONFIG]
     if holder.disk is not None:
-        removed = await asyncio.to_thread(holder.disk.prepare)
-        if removed:
-            log.info("removed %d block files left by an earlier process", removed)
+        await asyncio.to_thread(holder.disk.prepare)
         await asyncio.to_thread(holder.disk.calibrate)
     await asyncio.to_thread(holder.tiers.calibrate)  # the torch tiers' copy rates (D5: measured)
     session: KvspSession | None = None
     if holder.settings.index is not None:
         session = KvspSession(client_context(config.tls) if config.tls is not None else None)
         holder.publisher.index = IndexClient(session, holder.settings.index)
+    await holder.adopt()  # blocks an earlier process stored: verified, fitted to capacity, published
     task = asyncio.get_running_loop().create_task(holder.run())
     try:
         yield

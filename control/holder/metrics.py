@@ -25,6 +25,8 @@ class HolderMetrics:
     tier_capacity: Gauge  # label: tier
     tier_read_rate: Gauge  # label: tier
     leases_active: Gauge
+    blocks_adopted: Counter  # blocks taken over from local storage at startup
+    adoption_drops: Counter  # label: reason (see control.holder.tiers DROP_*)
 
     @classmethod
     def register(cls, metrics: Metrics) -> HolderMetrics:
@@ -44,4 +46,7 @@ class HolderMetrics:
             tier_capacity=g("kvsp_holder_tier_capacity_octets", "Configured capacity per tier", ("tier",)),
             tier_read_rate=g("kvsp_holder_tier_read_mbit_per_s", "Measured read rate per tier", ("tier",)),
             leases_active=g("kvsp_holder_leases_active", "Leases currently held"),
+            blocks_adopted=c("kvsp_holder_blocks_adopted_total", "Blocks taken over from local storage at startup"),
+            adoption_drops=c("kvsp_holder_adoption_drops_total", "Stored blocks removed at startup, not adopted",
+                             ("reason",)),
         )

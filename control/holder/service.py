@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import logging
 import math
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from control.holder.metrics import HolderMetrics
 from control.holder.publisher import Publisher
 from control.holder.settings import HolderSettings
 from control.holder.store import (
+    BlockExistsError,
     BlockId,
     BlockMeta,
     BlockStore,
@@ -50,8 +52,9 @@ from control.holder.store import (
 from control.holder.tiers import DiskTier, MemoryTier, StorageCorruptError, TierError
 from control.holder.tierset import TierSet
 from control.policy import Quotas
-from kvsp.container import ContainerHeader, LayerRange
-from kvsp.errors import KvspError
+from kvsp.container import ContainerHeader, Geometry, LayerRange, parse_header
+from kvsp.descriptor import CompatDescriptor
+from kvsp.errors import ContainerError, KvspError
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import LeaseRenewal, LeaseRequest, ReplicaRecord, Residency
 from kvsp.registry import Tier
@@ -82,7 +85,7 @@ class Holder:
 
     def __init__(self, settings: HolderSettings, *, base_uri: str, quotas: Quotas, clock: Callable[[], float],
                  metrics: HolderMetrics, host: MemoryTier | None, disk: DiskTier | None,
-                 device: MemoryTier | None = None) -> None:
+                 device: MemoryTier | None = None, wall: Callable[[], float] = time.time) -> None:
         capacities: dict[Tier, int] = {}
         if device is not None:
             capacities[Tier.DEVICE] = settings.device_capacity_octets
@@ -93,6 +96,7 @@ class Holder:
         self.settings = settings
         self.base_uri = base_uri
         self.clock = clock
+        self.wall = wall  # persisted times are wall-clock (``clock`` may be monotonic: not across restarts)
         self.metrics = metrics
         self.host = host
         self.disk = disk
@@ -172,12 +176,12 @@ class Holder:
                          withdrawals: Mapping[BlockId, asyncio.Task[bool]]) -> None:
         match event:
             case Place(meta, tier, layers):
-                await self.tiers.place(meta, tier, layers, incoming[meta.block])
+                await self.tiers.place(meta, tier, layers, incoming[meta.block], self._wall_stored(meta.block))
             case Demote(meta, layers, source, target):
-                await self.tiers.move(meta, layers, source, target)
+                await self.tiers.move(meta, layers, source, target, self._wall_stored(meta.block))
                 self.metrics.demotions.inc()
             case Move(meta, layers, source, target):
-                await self.tiers.move(meta, layers, source, target)
+                await self.tiers.move(meta, layers, source, target, self._wall_stored(meta.block))
             case Withdraw():
                 pass  # started before the batch
             case Evict(block, reason):
@@ -188,6 +192,48 @@ class Holder:
                 self.publisher.publish(block)
             case _:
                 raise TierError(f"no tier to carry out {event}")
+
+    def _wall_stored(self, block: BlockId) -> float:
+        """When the block was stored, in wall-clock seconds (what local storage keeps for retention)."""
+        entry = self.store.peek(block)
+        age = 0.0 if entry is None else max(0.0, self.clock() - entry.stored_at)
+        return self.wall() - age
+
+    async def adopt(self) -> int:
+        """Take over the blocks an earlier process left in local storage (a restart keeps the cache).
+
+        The files are verified in a worker thread (`DiskTier.adopt`); what fails is removed and
+        counted.  The rest enter the store with their stored-at times, oldest first (so least recently
+        used), the tiers are trimmed to their capacities, and every adopted block is published with a
+        fresh TTL.  Call once at startup, before serving.  Returns how many blocks were adopted.
+        """
+        if self.disk is None:
+            return 0
+        adoption = await asyncio.to_thread(self.disk.adopt, stored_accepts(self.settings.descriptors),
+                                           self.settings.retention_ms / 1000, self.wall(),
+                                           verify=self.settings.verify_stored)
+        for reason, count in sorted(adoption.dropped.items()):
+            self.metrics.adoption_drops.labels(reason).inc(count)
+            log.warning("local storage: removed %d stored blocks (%s) instead of adopting them", count, reason)
+        async with self._mutex:
+            now, wall = self.clock(), self.wall()
+            for found in sorted(adoption.adopted, key=lambda a: a.stored_at):
+                try:
+                    self.store.adopt(found.meta, (Segment(Tier.LOCAL_STORAGE, found.meta.layers),),
+                                     now - max(0.0, wall - found.stored_at))
+                except BlockExistsError:
+                    continue
+            await self._apply(self.store.trim(now), {})
+        kept = [a.meta.block for a in adoption.adopted if a.meta.block in self.store]
+        for block in kept:
+            self.publisher.publish(block)
+        for block in adoption.removed:  # after a crash the IS may still list them: it stops at once
+            if block not in self.store:
+                self.publisher.withdraw(block)
+        self.metrics.blocks_adopted.inc(len(kept))
+        self._update_gauges()
+        log.info("local storage: adopted %d blocks (%d octets)", len(kept), self.store.used(Tier.LOCAL_STORAGE))
+        return len(kept)
 
     async def arrange(self, block: BlockId, placement: tuple[Segment, ...]) -> bool:
         """Move layers of a held block between tiers (promotion, demotion, a new split) and republish
@@ -317,6 +363,24 @@ class Holder:
             if rate is not None:
                 self.metrics.tier_read_rate.labels(tier.value).set(rate)
         self.metrics.leases_active.set(len(self.leases))
+
+
+def stored_accepts(descriptors: Mapping[bytes, CompatDescriptor]) -> Callable[[BlockId, ContainerHeader], bool]:
+    """Whether a block found in storage is one this holder would store now: a configured compat, and
+    the whole block in that descriptor's geometry (what PUT insists on)."""
+    def accepts(block: BlockId, header: ContainerHeader) -> bool:
+        d = descriptors.get(block.compat_id)
+        if d is None or header.first_layer != 0 or header.layer_count != d.layers:
+            return False
+        if header.token_count != d.block_tokens:
+            return False
+        try:
+            parse_header(header.encode(), geometry=Geometry.for_dtype(d.kv_heads, d.head_dim, d.kv_dtype, d.layers))
+        except ContainerError:
+            return False
+        return True
+
+    return accepts
 
 
 def _range_header(header: ContainerHeader, layers: LayerRange) -> ContainerHeader:

@@ -9,6 +9,7 @@
     storage_dir = "blocks"                   # local-storage tier; absent disables it
     storage_capacity_octets = 107374182400
     encryption_key_file = "storage.key"      # AES-256-GCM key of local-storage (made if absent)
+    verify_stored = true                     # at startup, read and check every stored block before adopting it
     withdraw_timeout_ms = 2000               # how long an eviction waits for the IS to confirm
     moqt_listen = "127.0.0.1:4433"           # optional: also serve blocks over MOQT (UDP, decision D3)
     moqt_uri = "moqt://127.0.0.1:4433/holder"  # the holder of the MOQT records; required with moqt_listen
@@ -46,7 +47,7 @@ DEFAULT_WITHDRAW_TIMEOUT_MS: Final = 2_000
 DEFAULT_KEY_FILE: Final = "holder-storage.key"
 KNOWN_KEYS: Final = frozenset({
     "index", "descriptors", "replica_ttl_ms", "retention_ms", "host_capacity_octets", "storage_dir",
-    "storage_capacity_octets", "encryption_key_file", "withdraw_timeout_ms",
+    "storage_capacity_octets", "encryption_key_file", "verify_stored", "withdraw_timeout_ms",
     "moqt_listen", "moqt_uri", "moqt_token_keys", "moqt_relay",
     "torch_tiers", "device_capacity_octets", "device", "fast_layers",
 })
@@ -64,6 +65,7 @@ class HolderSettings:
     storage_dir: Path | None = None
     storage_capacity_octets: int = DEFAULT_STORAGE_CAPACITY
     encryption_key_file: Path | None = None
+    verify_stored: bool = True
     withdraw_timeout_ms: int = DEFAULT_WITHDRAW_TIMEOUT_MS
     moqt: MoqtSettings | None = None
     torch_tiers: bool = False
@@ -93,6 +95,7 @@ class HolderSettings:
             storage_dir=storage,
             storage_capacity_octets=_int(r, "storage_capacity_octets", DEFAULT_STORAGE_CAPACITY, minimum=1),
             encryption_key_file=key_file,
+            verify_stored=r.optional("verify_stored", r.bool) is not False,
             withdraw_timeout_ms=_int(r, "withdraw_timeout_ms", DEFAULT_WITHDRAW_TIMEOUT_MS, minimum=1),
             moqt=_moqt(r, config),
             torch_tiers=bool(r.optional("torch_tiers", r.bool)),

@@ -27,6 +27,8 @@ Rules the store guarantees:
 * **Every eviction is announced**: `Withdraw` comes before its `Evict` in the event list.
 * **Retention**: an entry expires ``retention_s`` after it was stored (spec section 10: retention
   limits); an expired entry is no longer served unless leased, and `expire` removes it.
+* **Adoption**: blocks found in local storage at startup are taken in with their original stored-at
+  time (`adopt`), then `trim` brings each tier back within its capacity (it may have shrunk).
 """
 
 from __future__ import annotations
@@ -379,6 +381,29 @@ class BlockStore:
                 events += (*(Place(meta, s.tier, s.layers) for s in placement), Publish(meta.block))
                 return PutOutcome(tuple(events), placement[0].tier)
         return PutOutcome(tuple(events), None)
+
+    def adopt(self, meta: BlockMeta, placement: Sequence[Segment], stored_at: float) -> None:
+        """Take in a block found in a tier at startup, stored at ``stored_at`` (retention runs from
+        then), as the most recently used.  No room is made: call `trim` after the last one.
+        Raises `BlockExistsError` when it is held, `PlacementError` for an invalid placement.
+        """
+        if meta.block in self._entries:
+            raise BlockExistsError(f"block {meta.block} is already held")
+        placement = self._checked(meta, placement)
+        last = next(reversed(self._expiry), None)
+        self._admit(meta, placement, stored_at)
+        if last is not None and self._entries[last].expires_at > stored_at + self._retention_s:
+            # out of order (callers adopt oldest first, so this is rare): `expire` relies on the order
+            self._expiry = dict.fromkeys(sorted(self._expiry, key=lambda b: self._entries[b].expires_at))
+
+    def trim(self, now: float) -> list[Event]:
+        """Bring every tier back within its capacity (after adoption, or a smaller capacity): demote
+        least recently used data, then evict unleased blocks, as `put` does."""
+        events: list[Event] = []
+        for tier in self._tiers:
+            if self._free(tier) < 0:
+                self._make_room(tier, 0, now, frozenset(), events)
+        return events
 
     def _splits(self, meta: BlockMeta) -> bool:
         return 0 < self._fast_layers < meta.layers.count and len(self._tiers) > 1

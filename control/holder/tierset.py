@@ -86,26 +86,33 @@ class TierSet:
                 return stored
         return None
 
-    async def place(self, meta: BlockMeta, tier: Tier, layers: LayerRange, container: memoryview) -> None:
-        """Write ``layers`` of a new block, whose full container is ``container``, into ``tier``."""
+    async def place(self, meta: BlockMeta, tier: Tier, layers: LayerRange, container: memoryview,
+                    stored_at: float | None = None) -> None:
+        """Write ``layers`` of a new block, whose full container is ``container``, into ``tier``
+        (``stored_at``: wall-clock seconds, kept with a block written to local storage)."""
         memory = self.memory.get(tier)
         if memory is not None and layers == meta.layers:
             await self._call(memory, memory.put, meta, container)
             return
         start = meta.header.header_length
         data = container[start + meta.offset(layers.first) : start + meta.offset(layers.last + 1)]
-        await self._write(meta, layers, tier, data)
+        await self._write(meta, layers, tier, data, stored_at)
 
-    async def move(self, meta: BlockMeta, layers: LayerRange, source: Tier, target: Tier) -> None:
-        """Copy ``layers`` into ``target``, then free them in ``source`` (a file keeps its octets: it is
-        rewritten if they come back, and deleted with the block)."""
+    async def move(self, meta: BlockMeta, layers: LayerRange, source: Tier, target: Tier,
+                   stored_at: float | None = None) -> None:
+        """Copy ``layers`` into ``target``, then free them in ``source`` (in a file: its record stops
+        naming them and their octets are deallocated, so local storage holds what the store counts)."""
         data = await self.read(meta, layers)
-        await self._write(meta, layers, target, data)
+        await self._write(meta, layers, target, data, stored_at)
         memory = self.memory.get(source)
         if memory is not None:
             held = memory.held(meta.block)
             if held is not None:
                 memory.retain(meta, remaining_range(held, layers))
+        elif source is Tier.LOCAL_STORAGE and self.disk is not None:
+            on_disk = self.disk.held(meta.block)
+            if on_disk is not None:
+                await asyncio.to_thread(self.disk.retain, meta, remaining_range(on_disk, layers))
 
     async def read(self, meta: BlockMeta, layers: LayerRange) -> memoryview:
         """The data of ``layers`` from whichever tier has them all.  Raises `StorageMissingError`, or
@@ -119,7 +126,14 @@ class TierSet:
                 return view
         if self.disk is None:
             raise StorageMissingError(f"layers {layers} of {meta.block} are gone")
-        return await asyncio.to_thread(self.disk.read, meta, layers)
+        try:
+            return await asyncio.to_thread(self.disk.read, meta, layers)
+        except StorageMissingError:
+            for memory in self._memories():  # promoted out of local storage while the read ran
+                view = await self._call(memory, memory.read, meta, layers)
+                if view is not None:
+                    return view
+            raise
 
     async def drop(self, block: BlockId) -> None:
         for memory in self.memory.values():
@@ -127,12 +141,13 @@ class TierSet:
         if self.disk is not None:
             await asyncio.to_thread(self.disk.delete, block)
 
-    async def _write(self, meta: BlockMeta, layers: LayerRange, tier: Tier, data: Buffer) -> None:
+    async def _write(self, meta: BlockMeta, layers: LayerRange, tier: Tier, data: Buffer,
+                     stored_at: float | None) -> None:
         memory = self.memory.get(tier)
         if memory is not None:
             await self._call(memory, memory.put_layers, meta, layers, data)
         elif tier is Tier.LOCAL_STORAGE and self.disk is not None:
-            await asyncio.to_thread(self.disk.write, meta, layers, data)
+            await asyncio.to_thread(self.disk.write, meta, layers, data, stored_at)
         else:
             raise TierError(f"this holder has no {tier} tier")
 
