@@ -31,8 +31,9 @@ import numpy as np
 import torch
 
 from benchmarks._timing import Sample, case, measure
+from control.holder.disk import DiskTier
 from control.holder.store import BlockId, BlockMeta
-from control.holder.tiers import DiskTier, HostTier
+from control.holder.tiers import HostTier
 from control.holder.torch_tiers import DeviceTier, TorchHostTier, cuda_available
 from kvsp.container import LayerRange, decode_container, encode_container, replica_digest
 from kvsp.registry import Codec

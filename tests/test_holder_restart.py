@@ -19,11 +19,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from control.holder import tiers
+from control.holder import disk as disk_module
 from control.holder.app import HOLDER
-from control.holder.service import stored_accepts
-from control.holder.store import BlockId, BlockMeta, BlockStore, Evict, Segment, Withdraw
-from control.holder.tiers import (
+from control.holder.disk import (
     DROP_EXPIRED,
     DROP_INCOMPATIBLE,
     DROP_INCOMPLETE,
@@ -34,9 +32,10 @@ from control.holder.tiers import (
     RECORD_SUFFIX,
     Adoption,
     DiskTier,
-    HostTier,
-    StorageCorruptError,
 )
+from control.holder.service import stored_accepts
+from control.holder.store import BlockId, BlockMeta, BlockStore, Evict, Segment, Withdraw
+from control.holder.tiers import HostTier, StorageCorruptError
 from control.holder.tierset import TierSet
 from control.policy import Policy, ScopeGrant
 from kvsp.client.http import KvspSession
@@ -216,7 +215,7 @@ def test_interrupted_writes_are_never_adopted(tmp_path: Path, monkeypatch: pytes
 def test_promoted_layers_are_freed_in_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, punch: bool) -> None:
     """After layers leave local storage, the file holds only what the store counts there."""
     if not punch:  # a platform or file system without hole punching: the file is rewritten instead
-        monkeypatch.setattr(tiers, "_punch_holes", lambda path, ranges: False)
+        monkeypatch.setattr(disk_module, "_punch_holes", lambda path, ranges: False)
     disk = DiskTier(tmp_path / "blocks", KEY)
     disk.prepare()
     meta, body = block(1)

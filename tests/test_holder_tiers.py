@@ -10,19 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from control.holder.disk import AD_LABEL, NONCE_OCTETS, SEGMENT_OVERHEAD, DiskTier, load_or_create_key
 from control.holder.store import BlockId, BlockMeta
-from control.holder.tiers import (
-    AD_LABEL,
-    NONCE_OCTETS,
-    SEGMENT_OVERHEAD,
-    DiskTier,
-    HostTier,
-    RateMeter,
-    StorageCorruptError,
-    StorageMissingError,
-    TierError,
-    load_or_create_key,
-)
+from control.holder.tiers import HostTier, RateMeter, StorageCorruptError, StorageMissingError, TierError
 from kvsp.container import LayerRange, decode_container
 from tests.test_holder_support import block_id, container, descriptor, meta_of
 

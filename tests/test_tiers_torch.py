@@ -17,6 +17,7 @@ import torch
 
 from control.config import RoleConfig
 from control.holder.app import HOLDER
+from control.holder.disk import DiskTier
 from control.holder.settings import HolderSettings
 from control.holder.store import (
     BlockMeta,
@@ -29,7 +30,7 @@ from control.holder.store import (
     Republish,
     Segment,
 )
-from control.holder.tiers import DiskTier, HostTier, TierError, joined_range, remaining_range
+from control.holder.tiers import HostTier, TierError, joined_range, remaining_range
 from control.holder.tierset import TierSet, memory_tiers
 from control.holder.torch_tiers import DeviceTier, TorchHostTier, cuda_available, view_of
 from control.instance.blocks import HolderBlocks, MemoryBlocks

@@ -7,6 +7,7 @@ local storage; `torch_tiers` adds torch host/device tiers, imported only when co
 Service informed.
 """
 
+from control.holder.disk import DiskTier, load_or_create_key
 from control.holder.leases import LeaseQuotaError, LeaseState, LeaseTable
 from control.holder.publisher import Publisher, RefreshSchedule
 from control.holder.service import Holder, Representation, StoreFullError
@@ -30,15 +31,7 @@ from control.holder.store import (
     Segment,
     Withdraw,
 )
-from control.holder.tiers import (
-    DiskTier,
-    HostTier,
-    RateMeter,
-    StorageCorruptError,
-    StorageMissingError,
-    TierError,
-    load_or_create_key,
-)
+from control.holder.tiers import HostTier, RateMeter, StorageCorruptError, StorageMissingError, TierError
 from control.holder.tierset import TierSet
 
 __all__ = [

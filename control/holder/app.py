@@ -31,17 +31,12 @@ from aiohttp import hdrs, web
 
 from control.config import RoleConfig
 from control.holder import moqt
+from control.holder.disk import DiskTier, load_or_create_key
 from control.holder.metrics import HolderMetrics
 from control.holder.service import Holder, StoreFullError
 from control.holder.settings import HolderSettings
 from control.holder.store import BlockExistsError, BlockId, BlockMeta
-from control.holder.tiers import (
-    DiskTier,
-    StorageCorruptError,
-    StorageMissingError,
-    TierError,
-    load_or_create_key,
-)
+from control.holder.tiers import StorageCorruptError, StorageMissingError, TierError
 from control.holder.tierset import memory_tiers
 from control.http import BLOCK_MEDIA_TYPE, identity, json_response, not_found, read_json, read_limited
 from control.metrics import metrics_of

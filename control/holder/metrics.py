@@ -26,7 +26,7 @@ class HolderMetrics:
     tier_read_rate: Gauge  # label: tier
     leases_active: Gauge
     blocks_adopted: Counter  # blocks taken over from local storage at startup
-    adoption_drops: Counter  # label: reason (see control.holder.tiers DROP_*)
+    adoption_drops: Counter  # label: reason (see control.holder.disk DROP_*)
 
     @classmethod
     def register(cls, metrics: Metrics) -> HolderMetrics:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from control.holder.disk import DiskTier
 from control.holder.leases import LeaseQuotaError, LeaseState, LeaseTable
 from control.holder.metrics import HolderMetrics
 from control.holder.publisher import Publisher
@@ -49,7 +50,7 @@ from control.holder.store import (
     Segment,
     Withdraw,
 )
-from control.holder.tiers import DiskTier, MemoryTier, StorageCorruptError, TierError
+from control.holder.tiers import MemoryTier, StorageCorruptError, TierError
 from control.holder.tierset import TierSet
 from control.policy import Quotas
 from kvsp.container import ContainerHeader, Geometry, LayerRange, parse_header

@@ -21,8 +21,9 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
+from control.holder.disk import DiskTier
 from control.holder.store import BlockId, BlockMeta
-from control.holder.tiers import DiskTier, HostTier, MemoryTier, StorageMissingError, TierError, remaining_range
+from control.holder.tiers import HostTier, MemoryTier, StorageMissingError, TierError, remaining_range
 from kvsp.container import LayerRange
 from kvsp.registry import Tier
 
