@@ -10,6 +10,10 @@
   also reported against a plain read of the same file, which is what encryption at rest costs.  The
   file is in the page cache after the first read: these are warm reads (the cold rate is what the
   holder's startup calibration measures and publishes).
+* restart: `DiskTier.adopt` re-reading, decrypting and hashing every stored block of a cache left by
+  an earlier process (the default ``verify_stored``), against a plain read of the same files; the
+  write path (temporary name, fsync, rename, commit record) is reported beside it.  Reported, with the
+  rate in MiB/s: a large cache's restart time is its size over this rate.
 * host -> device and device -> host: with CUDA, the pinned host tier's copy of a block to the device
   (`TorchHostTier.to_device`) against the same copy from pageable memory (goal: pinned at least as
   fast, ratio >= 1.0), and the device tier's read into pinned memory; rates in Gbit/s beside the
@@ -25,6 +29,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -136,11 +141,46 @@ def _device_cases(meta: BlockMeta, body: bytes, reps: int) -> list[dict[str, obj
     ]
 
 
+def _restart_cases(meta: BlockMeta, body: bytes, blocks: int, reps: int) -> list[dict[str, object]]:
+    """Adoption of ``blocks`` copies of the block (distinct keys) by a new DiskTier on the same folder."""
+    key = os.urandom(32)
+    data = memoryview(body)[len(body) - meta.data_octets :]  # the layers, so that verification passes
+    metas = [BlockMeta(BlockId(meta.block.compat_id, meta.block.scope_id, hashlib.sha256(bytes([i])).digest()),
+                       meta.header, meta.layer_digests, meta.digest, meta.repr_digest) for i in range(blocks)]
+    with tempfile.TemporaryDirectory(prefix="kvsp-bench-adopt-") as tmp:
+        folder = Path(tmp) / "blocks"
+        writer = DiskTier(folder, key)
+        writer.prepare()
+        start = time.perf_counter()
+        for m in metas:
+            writer.write(m, m.layers, data)
+        write_s = time.perf_counter() - start
+
+        def adopt() -> object:
+            adoption = DiskTier(folder, key).adopt(lambda block, header: True, 3600.0, time.time())
+            assert len(adoption.adopted) == blocks, "every intact block is adopted"
+            return adoption
+
+        def plain() -> None:
+            for path in folder.rglob("*"):
+                if path.is_file():
+                    path.read_bytes()
+
+        adopted = measure(adopt, reps=reps, warmup=1)
+        baseline = measure(plain, reps=reps, warmup=1)
+    total = blocks * meta.data_octets
+    return [case(f"restart: adopt {blocks} stored blocks (verify) vs plain read of the files", adopted, baseline,
+                 "reported: restart time of a cache = its size / this rate")
+            | {"adopt_mib_per_s": round(total / MiB / adopted.median_s), "write_fsync_mib_per_s":
+               round(total / MiB / write_s)}]
+
+
 def run(quick: bool = False) -> dict[str, object]:
     octets = (16 if quick else 64) * MiB
     reps = 5 if quick else 9
     meta, body = _block(octets)
-    cases = _host_cases(meta, body, reps) + _disk_cases(meta, reps) + _device_cases(meta, body, reps)
+    cases = (_host_cases(meta, body, reps) + _disk_cases(meta, reps) + _restart_cases(meta, body, 2 if quick else 4, 3)
+             + _device_cases(meta, body, reps))
     return {"name": "tiers", "params": {"block_octets": meta.data_octets, "layers": LAYERS,
                                         "cuda": cuda_available()}, "cases": cases}
 
