@@ -22,10 +22,16 @@ Cases (B = 16 tokens per block; a 2048-token prompt whose first 1920 tokens are 
 
 * ``crossover`` (small model): recompute(n + 16) against loading n cached tokens (link, serial) and
   computing 16, measured, and as the section 6.4 cost model (kvsp.placement.estimate) predicts it with
-  the same link and the instance's prefill rate measured as control/instance/engines.calibrate does (a
-  4-block prompt).  Two sweeps: n = 16..2048 over the 25 Gbit/s link above, and, for n = 512, the link
+  the same link and the prefill rate the instance reports after control/instance/engines.calibrate
+  (prompts doubled from 4 blocks towards 2048 tokens within 1 s; the rate of the longest).  The rows also
+  give the rate of a 4-block prompt (what calibrate used before) and the 2064-token recompute it would
+  predict, against the measured one.  Two sweeps: n = 16..2048 over the 25 Gbit/s link above, and, for n = 512, the link
   rate from 3 Mbit/s to 1 Gbit/s with a 1 ms RTT.  Each row gives the measured and the predicted
   crossover (the first swept value from which loading wins) and every point's times.
+* ``import``: a 2048-token cached prefix (128 blocks of the 1b shape's cache: 16 layers, 8 KV heads of 64,
+  bf16, 512 KiB per block) staged into an `HfEngine` and prefilled with one more token, per layer
+  (`import_kv`, 4096 sections of 16 KiB: what the instance did for whole blocks) against whole blocks
+  (`import_block`: one view and one ``copy_`` per block), both against one memcpy of the octets.
 * ``tensors``: a 2048-token span of 1b-shaped KV (bf16, 128 blocks of 512 KiB): containers encoded from
   cache tensors into a preallocated buffer (`encode_into` of `section_octets` views), and decoded into a
   cache (`decode_container`, `section_view`, `copy_section`), each against one memcpy of the same octets
@@ -46,6 +52,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -55,6 +62,7 @@ import numpy as np
 import torch
 
 from benchmarks._timing import Sample, case, measure, paired
+from control.instance.engines import calibrate
 from kvsp.container import Container, Geometry, decode_container, encode_container, encode_into
 from kvsp.hf.engine import HfEngine, HfModel
 from kvsp.hf.refmodel import ModelShape, build_model
@@ -209,11 +217,16 @@ def crossover(model: HfModel, reps: int) -> list[dict[str, object]]:
     """Measured vs predicted (section 6.4) crossovers: over the prefix length, and over the link rate."""
     vocab = model.geometry.vocab_size
     calibration = prompt(4 * B, vocab, 1)
-    rate = 4 * B / measure(lambda: model.engine().prefill(calibration), reps=reps, warmup=1).median_s
+    short_rate = 4 * B / measure(lambda: model.engine().prefill(calibration), reps=reps, warmup=1).median_s
+    rate = statistics.median(calibrate(model.engine, B)[0] for _ in range(3))  # what the instance reports
     by_length = [_point(model, n, LINK, rate, reps) for n in CROSSOVER_NS]
     by_link = [_point(model, CROSSOVER_PREFIX, SimulatedLink(CROSSOVER_RTT_US, mbit), rate, reps)
                for mbit in CROSSOVER_MBITS]
-    common = {"calibrated_prefill_tokens_per_s": round(rate),
+    longest = by_length[-1]
+    common = {"calibrated_prefill_tokens_per_s": round(rate), "four_block_prefill_tokens_per_s": round(short_rate),
+              f"recompute_{CROSSOVER_NS[-1] + B}_us": {
+                  "measured": longest["measured_recompute_us"], "predicted": longest["predicted_recompute_us"],
+                  "predicted_with_four_block_rate": round((CROSSOVER_NS[-1] + B) / short_rate * 1e6)},
               "goal": "report: does the section 6.4 cost model predict the measured crossover?"}
     return [
         {"case": "small crossover over cached tokens (n cached + 16 new; loading wins from n =)", "unit": "tokens",
@@ -304,6 +317,52 @@ def tensor_cases(reps: int) -> list[dict[str, object]]:
         torch.set_num_threads(threads)
 
 
+IMPORT_SHAPE = ModelShape(layers=ONE_B.layers, hidden=512, heads=ONE_B.kv_heads, kv_heads=ONE_B.kv_heads, vocab=300,
+                          intermediate=512)  # the 1b shape's cache (16 layers, 8 x 64, bf16), a small model around it
+
+
+def import_cases(reps: int) -> list[dict[str, object]]:
+    """A 2048-token cached prefix into an HfEngine: per-layer `import_kv` vs whole-block `import_block`."""
+    model = HfModel(build_model(IMPORT_SHAPE, dtype=torch.bfloat16), block_tokens=B)
+    g, blocks = model.geometry, PROMPT // B
+    geometry = Geometry.for_dtype(g.kv_heads, g.head_dim, g.kv_dtype, g.layers)
+    rng = np.random.default_rng(1)
+    sections = [[(rng.integers(0, 0x3F00, g.section_octets // 2, dtype=np.uint16).tobytes(),
+                  rng.integers(0, 0x3F00, g.section_octets // 2, dtype=np.uint16).tobytes())
+                 for _ in range(g.layers)] for _ in range(blocks)]
+    received = [decode_container(encode_container(Codec.RAW, 0, B, layers, geometry=geometry), geometry=geometry)
+                for layers in sections]
+    tokens = prompt(PROMPT + 1, g.vocab_size)
+    octets = sum(len(c.data) for c in received)
+    src, dst = np.random.default_rng(0).bytes(octets), np.empty(octets, np.uint8)
+    source = np.frombuffer(src, np.uint8)
+
+    def per_layer() -> HfEngine:
+        engine = model.engine()
+        for layer in range(g.layers):
+            _import_layer(engine, received, layer)
+        engine.prefill(tokens)
+        return engine
+
+    def whole() -> HfEngine:
+        engine = model.engine()
+        for block, container in enumerate(received):
+            engine.import_block(block, container)
+        engine.prefill(tokens)
+        return engine
+
+    for engine in (per_layer(), whole()):  # both put exactly the received octets in the cache
+        exported = [(b, lk) for b in (0, blocks - 1) for lk in engine.export_kv(b, (0, g.layers - 1))]
+        if engine.loaded_tokens != PROMPT or any(bytes(lk.k) != sections[b][lk.layer][0] for b, lk in exported):
+            raise AssertionError("the imported cache differs from the containers")
+    memcpy = measure(lambda: np.copyto(dst, source), reps=reps)
+    layered, blocked = paired(per_layer, whole, reps=reps)
+    name = f"import {blocks} blocks x {octets // blocks >> 10} KiB (1b cache shape) + prefill of 1 token"
+    return [case(f"{name}, import_kv per layer", layered, memcpy, "report"),
+            case(f"{name}, import_block", blocked, memcpy, "report"),
+            case(f"{name}: import_block vs import_kv per layer", blocked, layered, "report: < 1 (faster)")]
+
+
 def _tensor_rows(memcpy: Sample, target: torch.Tensor, cache: torch.Tensor, blocks: int,
                  fns: tuple[Callable[[], None], ...], reps: int) -> list[dict[str, object]]:
     labels = ("encode, cache views", "encode, tensor views", "decode+copy, per block", "decode+copy, per layer")
@@ -337,6 +396,7 @@ def _run(quick: bool) -> dict[str, object]:
     cases += ttft_cases("1b" if not quick else "1b (4 of 16 layers)", one_b, 2 if quick else 3)
     del one_b
     cases += tensor_cases(reps)
+    cases += import_cases(reps)
     return {"name": "engine", "cases": cases, "torch_threads": torch.get_num_threads()}
 
 

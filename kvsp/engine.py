@@ -26,6 +26,9 @@ same KV -> same continuation on another instance) without weights:
   one with ``random.Random(seed).random()``; each top-p token consumes exactly one draw.  ``step``
   counts sampled tokens, so restoring (seed, step) is ``Random(seed)`` advanced by ``step`` draws.
 
+`BlockImporter.import_block` (optional) stages a whole loaded block from its container at once, which an
+engine can copy into its cache in one operation instead of two per layer (`block_importer` finds it).
+
 `LayerwiseEngine.prefill_layerwise` is the same prefill run layer by layer: the prefix's layer l is
 waited for (``wait_layer``), copied into the cache, the rest of the context's layer l is computed and
 announced (``on_layer``), so that loading, computing and publishing overlap; the result is identical to
@@ -43,13 +46,16 @@ import random
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from kvsp.records import Sampler
 from kvsp.registry import ELEMENT_TYPES
+
+if TYPE_CHECKING:
+    from kvsp.container import Container
 
 LAYOUT: Final = "kvsp-layout-1"
 LOGIT_SCALE: Final = 8.0
@@ -161,6 +167,32 @@ class LayerwiseEngine(Engine, Protocol):
         context is in the cache it calls ``on_layer(l)``, after which `export_kv(block, (l, l))` works for every
         complete block, so the caller can publish layer l while l+1 is computed. Returns the sampled next token."""
         ...
+
+
+class BlockImporter(Protocol):
+    """An engine that stages a whole loaded block at once (optional: `import_kv` per layer always works)."""
+
+    def import_block(self, block: int, container: Container) -> None:
+        """Stage every layer of a loaded block from its container for the next prefill, like `import_kv` for
+        each of its layers.  Worth it when the block is already whole (own tiers, a finished fetch): an engine
+        can view a raw container's data as one tensor and copy it into its cache in one operation, where
+        `import_kv` costs a dispatch per (small) section.  Raises ValueError for a container that does not
+        fit the geometry."""
+        ...
+
+
+def block_importer(engine: object) -> BlockImporter | None:
+    """The engine as a `BlockImporter` when it implements ``import_block``, else None."""
+    if callable(getattr(engine, "import_block", None)):
+        return engine  # type: ignore[return-value]  # structural: the method exists
+    return None
+
+
+def check_block(geometry: EngineGeometry, container: Container) -> None:
+    """A whole block's container must have every layer of the geometry and one block of tokens."""
+    if container.layer_count != geometry.layers or container.token_count != geometry.block_tokens:
+        raise ValueError(f"a block is {geometry.layers} layers of {geometry.block_tokens} tokens, not "
+                         f"{container.layer_count} layers of {container.token_count}")
 
 
 def greedy_sampler(seed: int = 0) -> Sampler:
@@ -333,6 +365,15 @@ class DeterministicTestEngine:
         with self._lock:
             self._staged.setdefault(block, {})[layer] = sections
 
+    def import_block(self, block: int, container: Container) -> None:
+        """Every layer of a whole block (the test engine gains nothing from one view: numpy views are cheap)."""
+        check_block(self._geometry, container)
+        if block < 0:
+            raise ValueError(f"block {block} outside the geometry")
+        layers = {view.layer: (self._section(view.k), self._section(view.v)) for view in container.layers}
+        with self._lock:
+            self._staged[block] = layers
+
     def sampler_state(self) -> Sampler:
         return self._sampler.state
 
@@ -436,4 +477,9 @@ class DeterministicTestEngine:
 
 def _conforms(engine: DeterministicTestEngine) -> LayerwiseEngine:
     """Static check (mypy): the test engine implements the whole `LayerwiseEngine` protocol."""
+    return engine
+
+
+def _imports_blocks(engine: DeterministicTestEngine) -> BlockImporter:
+    """Static check (mypy): and `BlockImporter`."""
     return engine

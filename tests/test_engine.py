@@ -18,6 +18,7 @@ from kvsp.engine import (
     Engine,
     EngineGeometry,
     LayerKv,
+    block_importer,
     greedy_sampler,
     top_p_sampler,
 )
@@ -125,6 +126,23 @@ def test_layer_by_layer_import_counts_once_a_block_has_every_layer() -> None:
         engine.import_kv(1, lk.layer, lk.k, lk.v)
     assert engine.prefill(PROMPT).token == expected
     assert engine.loaded_tokens == 4
+
+
+def test_a_whole_block_imported_at_once_counts_like_its_layers() -> None:
+    source = DeterministicTestEngine(G)
+    expected = source.prefill(PROMPT).token
+    geometry = Geometry.for_dtype(G.kv_heads, G.head_dim, "fp16", G.layers)
+    wire = [encode_container(Codec.RAW, 0, G.block_tokens, [(lk.k, lk.v) for lk in source.export_kv(b, (0, 2))],
+                             geometry=geometry) for b in range(2)]
+    engine = DeterministicTestEngine(G)
+    assert block_importer(engine) is engine and block_importer(object()) is None
+    for block, data in enumerate(wire):
+        engine.import_block(block, decode_container(data))
+    assert engine.prefill(PROMPT).token == expected and engine.loaded_tokens == 8
+    short = Geometry.for_dtype(G.kv_heads, G.head_dim, "fp16", 2)
+    two = encode_container(Codec.RAW, 0, G.block_tokens, [(b"\0" * G.section_octets,) * 2] * 2, geometry=short)
+    with pytest.raises(ValueError, match="3 layers"):
+        engine.import_block(0, decode_container(two))
 
 
 def test_wrong_kv_changes_the_output() -> None:

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from kvsp.container import Geometry, decode_container, encode_container
-from kvsp.engine import Engine, LayerKv, LayerwiseEngine, greedy_sampler, top_p_sampler
+from kvsp.engine import Engine, LayerKv, LayerwiseEngine, block_importer, greedy_sampler, top_p_sampler
 from kvsp.errors import ValidationError
 from kvsp.hf.cache import blocks_to_dynamic_cache, dynamic_cache_to_blocks
 from kvsp.hf.engine import HfEngine, HfModel
@@ -150,6 +150,65 @@ def test_blocks_travel_as_containers_and_are_imported_as_views(exact: HfModel) -
             engine.import_kv(block, view.layer, view.k, view.v)
     assert np.array_equal(engine.prefill(tokens).logits, full.logits)
     assert engine.loaded_tokens == 64
+
+
+def _containers(source: HfEngine, blocks: int) -> list[bytes]:
+    g = source.geometry
+    geometry = Geometry.for_dtype(g.kv_heads, g.head_dim, g.kv_dtype, g.layers)
+    return [encode_container(Codec.RAW, 0, B, [(lk.k, lk.v) for lk in source.export_kv(b, (0, g.layers - 1))],
+                             geometry=geometry) for b in range(blocks)]
+
+
+def test_whole_blocks_imported_at_once_give_the_full_recompute(exact: HfModel) -> None:
+    tokens = prompt(90, 14)
+    source = exact.engine()
+    full = source.prefill(tokens)
+    wire = _containers(source, 5)
+    engine = exact.engine()
+    assert block_importer(engine) is engine
+    for block, data in enumerate(wire[:3]):  # blocks 0-2 whole, 3-4 layer by layer: both paths in one prefill
+        engine.import_block(block, decode_container(data))
+    for block, data in enumerate(wire[3:], start=3):
+        for view in decode_container(data).layers:
+            engine.import_kv(block, view.layer, view.k, view.v)
+    assert np.array_equal(engine.prefill(tokens).logits, full.logits)
+    assert engine.loaded_tokens == 80
+    for block in range(5):
+        assert [bytes(lk.k) + bytes(lk.v) for lk in engine.export_kv(block, (0, 2))] == \
+               [bytes(lk.k) + bytes(lk.v) for lk in source.export_kv(block, (0, 2))]
+
+
+def test_whole_blocks_and_layers_arriving_later_in_a_layerwise_prefill(exact: HfModel) -> None:
+    tokens = prompt(70, 15)
+    source = exact.engine()
+    full = source.prefill(tokens)
+    wire = [decode_container(data) for data in _containers(source, 4)]
+    engine = exact.engine()
+    engine.import_block(0, wire[0])  # an own-tier block, staged before the prefill starts
+    engine.import_block(2, wire[2])  # a gap: block 1 arrives by layers
+
+    def wait_layer(layer: int) -> None:
+        for block in (1, 3):
+            view = wire[block].layer(layer)
+            engine.import_kv(block, layer, view.k, view.v)
+
+    step = engine.prefill_layerwise(tokens, 4, wait_layer)
+    assert np.array_equal(step.logits, full.logits) and engine.loaded_tokens == 64
+
+
+def test_a_whole_block_that_does_not_fit_is_refused(exact: HfModel) -> None:
+    g = exact.geometry
+    source = exact.engine()
+    source.prefill(prompt(40, 16))
+    short = Geometry.for_dtype(g.kv_heads, g.head_dim, g.kv_dtype, 2)
+    two_layers = encode_container(Codec.RAW, 0, B, [(lk.k, lk.v) for lk in source.export_kv(0, (0, 1))],
+                                  geometry=short)
+    engine = exact.engine()
+    with pytest.raises(ValueError, match="3 layers"):
+        engine.import_block(0, decode_container(two_layers))
+    with pytest.raises(ValueError):
+        engine.import_block(-1, decode_container(_containers(source, 1)[0]))
+    assert engine.prefill(prompt(40, 16)).token is not None and engine.loaded_tokens == 0
 
 
 def test_wrong_kv_changes_the_output(exact: HfModel) -> None:

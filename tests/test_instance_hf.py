@@ -119,7 +119,7 @@ def write_configs(pki: DevPki, tmp: Path, model: Path, ports: dict[str, int]) ->
             + f'[holder]\nindex = "{pki.uri("is")}"\ndescriptors = ["model.json"]\nreplica_ttl_ms = 60000\n'
             f'moqt_listen = "127.0.0.1:{ports[name]}"\nmoqt_uri = "moqt://127.0.0.1:{ports[name]}/{name}"\n'
             f'[instance]\npc = "{pki.uri("pc")}"\nindex = "{pki.uri("is")}"\nengine = "hf:{model}"\n'
-            f'scope_keys = {{ "{SCOPE.hex()}" = "scope.key" }}\nhf_chunk_tokens = {B}\n' + extra)
+            f'scope_keys = {{ "{SCOPE.hex()}" = "scope.key" }}\nhf_chunk_tokens = {B}\nlayerwise = true\n' + extra)
 
 
 def serve(tmp: Path, name: str, roles: str) -> subprocess.Popen[bytes]:

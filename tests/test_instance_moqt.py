@@ -21,7 +21,7 @@ import pytest
 from control.config import RoleConfig
 from control.holder.app import HOLDER
 from control.instance.engines import engine_factory
-from control.instance.settings import InstanceSettings
+from control.instance.settings import InstanceSettings, Layerwise
 from kvsp.client.fetch import BlockFetcher, FetchOptions, Outcome
 from kvsp.client.holder import HolderClient
 from kvsp.client.moqt import MoqtBlockClient
@@ -46,6 +46,7 @@ from tests.test_instance_support import (
     NAMES,
     PROMPT,
     SCOPE,
+    B,
     instance_section,
     keys_of,
     policy,
@@ -81,6 +82,27 @@ async def test_start_loads_the_cached_prefix_over_https_or_moqt(tmp_path: Path, 
         assert (over_https, over_moqt) == ((0, 2) if over == "moqt" else (2, 0))
         assert await world.metric("ii1", OVERLAPPED) == 1
         assert await world.metric("ii1", REMOTE) == 8 and await world.metric("ii1", RECOMPUTED) == 2
+
+
+async def test_auto_overlaps_only_when_blocks_are_fetched_and_enough_is_computed(tmp_path: Path) -> None:
+    pki = DevPki.make(tmp_path, NAMES)
+    long = tuple(range(3, 3 + 6 * B + 2))  # 2 cached blocks, 4 computed blocks and a tail of 2: worth overlapping
+    async with moqt_world(pki, tmp_path, layerwise="auto") as world:
+        client = HolderClient(world.session)
+        for prompt in (PROMPT, long):
+            keys = keys_of(prompt)[:2]
+            for i, key in enumerate(keys):
+                await client.put_block(pki.uri("h1"), COMPAT, SCOPE, key, reference_block(prompt, i))
+            await world.wait_records(keys, {pki.uri("h1")})
+        session = str(uuid.uuid4())
+        await world.start(session, start_body(session, greedy_sampler(), max_tokens=3))  # a tail of 2 tokens
+        assert await world.tokens(session) == reference_tokens(PROMPT, 3, greedy_sampler())
+        assert await world.metric("ii1", OVERLAPPED) == 0 and await world.metric("ii1", REMOTE) == 8
+        session = str(uuid.uuid4())
+        await world.start(session, start_body(session, greedy_sampler(), prompt=long, max_tokens=3))
+        assert await world.tokens(session) == reference_tokens(long, 3, greedy_sampler())
+        assert await world.metric("ii1", OVERLAPPED) == 1 and await world.metric("ii1", REMOTE) == 16
+        assert await world.metric("ii1", RECOMPUTED) == 2 + 4 * B + 2
 
 
 @pytest.mark.parametrize("over", ["https", "moqt"])
@@ -174,16 +196,19 @@ def _settings(tmp: Path, **instance: object) -> InstanceSettings:
 
 def test_the_loading_settings(tmp_path: Path) -> None:
     plain = _settings(tmp_path)
-    assert (plain.layerwise, plain.moqt_fetch, plain.publish_live, plain.engine) == (True, False, False, "test")
+    assert (plain.layerwise, plain.moqt_fetch, plain.publish_live, plain.engine) == ("auto", False, False, "test")
+    assert _settings(tmp_path, layerwise=True).layerwise is Layerwise.ON
+    assert _settings(tmp_path, layerwise="auto").layerwise is Layerwise.AUTO
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     chosen = _settings(tmp_path, layerwise=False, moqt_fetch=True, publish_live=True, engine="hf:m",
                        fetch_concurrency=32, moqt_object_timeout_ms=500)
-    assert (chosen.layerwise, chosen.moqt_fetch, chosen.publish_live) == (False, True, True)
+    assert (chosen.layerwise, chosen.moqt_fetch, chosen.publish_live) == (Layerwise.OFF, True, True)
     assert chosen.engine == f"hf:{tmp_path / 'm'}" and chosen.limits.fetch_concurrency == 32
     assert chosen.moqt_relay is None
     assert _settings(tmp_path, moqt_fetch=True, moqt_relay="moqt://r:1/relay").moqt_relay == "moqt://r:1/relay"
-    for bad, member in (({"layerwise": "yes"}, "instance.layerwise"), ({"engine": "hf:"}, "instance.engine"),
+    for bad, member in (({"layerwise": "yes"}, "instance.layerwise"), ({"layerwise": 1}, "instance.layerwise"),
+                         ({"engine": "hf:"}, "instance.engine"),
                         ({"engine": "hf:nowhere"}, "instance.engine"), ({"engine": "vllm"}, "instance.engine"),
                         ({"fetch_concurrency": 0}, "instance.fetch_concurrency"),
                         ({"moqt_relay": "moqt://127.0.0.1:4443/relay"}, "instance.moqt_relay"),  # no moqt_fetch

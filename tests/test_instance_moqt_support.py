@@ -137,6 +137,7 @@ async def moqt_world(pki: DevPki, tmp: Path, *, descriptor: CompatDescriptor | N
 
     links = [{**link, "holder": moqt["h1"] if link["holder"] == "h1-moqt" else link["holder"]}
              for link in instance.pop("links", [])]  # type: ignore[attr-defined]
+    instance.setdefault("layerwise", True)  # these worlds test the layer-wise path; "auto" skips it for small tails
     section = instance_section(pki, model, key, **instance, **({"links": links} if links else {}))
     configs = {
         "is": role_config(pki, "is", ("is",), pol, {"is": {"descriptors": [model]}}, tmp),

@@ -6,14 +6,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from control.config import RoleConfig
+from control.holder.store import BlockId
+from control.instance.blocks import MemoryBlocks
 from control.instance.core import OutputToken
-from control.instance.engines import check_geometry, engine_factory
+from control.instance.engines import (
+    PREFILL_REFERENCE_TOKENS,
+    EngineFactory,
+    Pacing,
+    RateMeter,
+    calibrate,
+    check_geometry,
+    engine_factory,
+)
+from control.instance.loading import import_prefix
 from control.instance.output import MAX_QUEUED, CheckpointSender, TokenLog
 from control.instance.pc_client import Fenced
 from control.instance.records import (
@@ -26,14 +38,16 @@ from control.instance.records import (
     token_line,
 )
 from control.instance.resharding import ShardLayout
+from control.instance.role import memory_tier
 from control.instance.sessions import spec_for_resume, spec_for_start
 from control.instance.settings import InstanceSettings
 from kvsp.client.http import TransportError
-from kvsp.container import decode_container
-from kvsp.engine import EngineGeometry, greedy_sampler, top_p_sampler
+from kvsp.container import Geometry, decode_container, encode_container
+from kvsp.engine import BlockKv, Engine, EngineGeometry, Step, block_importer, greedy_sampler, top_p_sampler
 from kvsp.errors import ValidationError
 from kvsp.keys import ScopeKey
 from kvsp.records import SessionCheckpoint
+from kvsp.registry import Codec
 from tests.test_instance_support import COMPAT, DESCRIPTOR, PROMPT, SCOPE, SCOPE_KEY, B, keys_of, write_files
 
 SID = "6f1d0a9e-2c55-4d7e-9a0e-5b7f2f9f6a11"
@@ -205,3 +219,71 @@ async def test_sender_keeps_order_bounds_its_queue_retries_and_stops_when_fenced
     sender.submit(checkpoint_at(100))  # ignored once fenced
     await sender.close()
     assert sent[-1] == 99
+
+
+# -- the engine's rates, whole-block imports, the own block cache --------------------------------------------
+def test_prefill_rate_moves_by_each_prefills_tokens() -> None:
+    meter = RateMeter(1000.0, PREFILL_REFERENCE_TOKENS)
+    meter.observe(4, 0.1)  # 40 tokens/s from a 4-token recompute: barely moves it
+    assert 990 < meter.rate < 1000
+    meter.observe(PREFILL_REFERENCE_TOKENS, PREFILL_REFERENCE_TOKENS / 500)  # a long one moves it by the EWMA weight
+    assert meter.rate == pytest.approx(0.8 * 999.375 + 0.2 * 500, rel=1e-3)
+    decode = RateMeter()
+    decode.observe(1, 0.01)
+    decode.observe(1, 0.02)
+    assert decode.rate == pytest.approx(0.8 * 100 + 0.2 * 50)
+
+
+class Recording:
+    """What calibrate uses of an engine, recording the prompt lengths it prefills."""
+
+    def __init__(self, engine: Engine, lengths: list[int]) -> None:
+        self.engine, self.lengths = engine, lengths
+
+    def prefill(self, tokens: Sequence[int], loaded: Sequence[BlockKv] = ()) -> Step:
+        self.lengths.append(len(tokens))
+        return self.engine.prefill(tokens, loaded)
+
+    def decode_step(self) -> Step:
+        return self.engine.decode_step()
+
+
+def test_calibration_runs_longer_prompts_within_its_budget() -> None:
+    lengths: list[int] = []
+    make, _ = engine_factory("test", DESCRIPTOR, vocab_size=97)
+    recording: EngineFactory = lambda s: Recording(make(s), lengths)  # type: ignore[assignment,return-value] # noqa: E731
+    assert min(calibrate(recording, B, target_tokens=256, budget_s=30.0)) > 0
+    assert lengths == [4 * B, 8 * B, 16 * B, 32 * B, 64 * B]  # doubled up to the target (B = 4: 256 tokens)
+    lengths.clear()
+    paced, _ = engine_factory("test", DESCRIPTOR, vocab_size=97, pacing=Pacing(10_000, 0))  # 10 ms a token
+    slow: EngineFactory = lambda s: Recording(paced(s), lengths)  # type: ignore[assignment,return-value] # noqa: E731
+    calibrate(slow, B, budget_s=0.5)
+    assert lengths == [4 * B]  # 0.16 s, and the next (taken as 2.5x) would not fit in 0.5 s
+
+
+def test_whole_blocks_are_imported_at_once_through_a_paced_engine() -> None:
+    make, _ = engine_factory("test", DESCRIPTOR, vocab_size=97, pacing=Pacing(1, 0))
+    source = make(greedy_sampler())
+    expected = source.prefill(PROMPT).token
+    blocks = [decode_container(encode_container(Codec.RAW, 0, B, [(lk.k, lk.v) for lk in source.export_kv(i, (0, 1))],
+                                                geometry=Geometry.for_dtype(2, 4, "fp16", 2)))
+              for i in range(len(PROMPT) // B)]
+    engine = make(greedy_sampler())
+    assert block_importer(engine) is engine
+    import_prefix(engine, blocks)
+    assert engine.prefill(PROMPT).token == expected
+    assert engine._engine.loaded_tokens == len(blocks) * B  # type: ignore[attr-defined]
+
+
+async def test_the_own_block_cache_lives_in_torch_memory_with_the_hf_engine() -> None:
+    assert memory_tier("test") is None  # plain octets: the test engine needs no torch
+    tier = memory_tier("hf:/models/llama")
+    torch_tiers = pytest.importorskip("control.holder.torch_tiers", reason="torch is the hf engine's extra")
+    assert isinstance(tier, torch_tiers.TorchHostTier) and tier.pin == torch_tiers.cuda_available()
+    geometry = Geometry.for_dtype(2, 4, "fp16", 2)
+    data = encode_container(Codec.RAW, 0, B, [(bytes(range(64)), bytes(64))] * 2, geometry=geometry)
+    blocks = MemoryBlocks(1 << 20, geometry, tier)
+    block = BlockId(COMPAT, SCOPE, bytes(32))
+    assert await blocks.place(block, data) and len(tier) == 1
+    read = await blocks.read(block)
+    assert read is not None and bytes(read.layer(0).k) == bytes(range(64))

@@ -15,6 +15,15 @@ worker thread the engine runs in, so that tests and benchmarks see the timing of
 `calibrate` measures both once at start-up: a rate of 0 would make every recompute infinitely slow
 to the PC's cost model (section 6.4), so an instance that reported 0 until its first session would
 never be given one.
+
+The prefill rate falls with the prompt's length (attention is quadratic, and a short prompt does not
+fill the machine), while section 6.4 prices a recompute as tokens / rate.  A rate taken on a short
+prompt therefore predicted 251 ms for a 2064-token recompute that took 372 ms (benchmarks/bench_engine.py,
+crossover).  So `calibrate` doubles its prompt from 4 blocks towards `CALIBRATION_TOKENS` (a typical
+prompt whose prefix is worth caching) while a time budget allows, and reports the rate of the longest
+prompt it ran; and the prefill meter weighs each real prefill by its tokens (`RateMeter.reference_tokens`),
+so that the many short recomputes behind a mostly cached prefix (a handful of tokens, dominated by fixed
+per-call costs) do not drag the reported rate down to what a long recompute never sees.
 """
 
 from __future__ import annotations
@@ -22,10 +31,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Final, TypeVar
 
 from control.instance.settings import HF_PREFIX
+from kvsp.container import Container
 from kvsp.descriptor import CompatDescriptor
 from kvsp.engine import (
     BlockKv,
@@ -37,6 +48,7 @@ from kvsp.engine import (
     OnLayer,
     Step,
     WaitLayer,
+    block_importer,
     greedy_sampler,
 )
 from kvsp.errors import ValidationError
@@ -44,8 +56,11 @@ from kvsp.records import Sampler
 
 EngineFactory = Callable[[Sampler], Engine]
 EWMA_WEIGHT: Final = 0.2
-CALIBRATION_BLOCKS: Final = 4  # prompt blocks prefilled by `calibrate`
+CALIBRATION_BLOCKS: Final = 4  # the first prompt `calibrate` prefills, in blocks
+CALIBRATION_TOKENS: Final = 2048  # ... doubled up to this length (a typical prompt with a cached prefix)
+CALIBRATION_BUDGET_S: Final = 1.0  # ... while the prefills so far and the next (~2x the last) fit in this
 CALIBRATION_STEPS: Final = 4  # decode steps timed by `calibrate`
+PREFILL_REFERENCE_TOKENS: Final = 512  # a prefill of this many tokens or more moves the rate by EWMA_WEIGHT
 T = TypeVar("T")
 
 
@@ -119,6 +134,14 @@ class PacedEngine:
     def import_kv(self, block: int, layer: int, k: Bytes, v: Bytes) -> None:
         self._engine.import_kv(block, layer, k, v)
 
+    def import_block(self, block: int, container: Container) -> None:
+        inner = block_importer(self._engine)
+        if inner is None:
+            for view in container.layers:
+                self._engine.import_kv(block, view.layer, view.k, view.v)
+            return
+        inner.import_block(block, container)
+
     def sampler_state(self) -> Sampler:
         return self._engine.sampler_state()
 
@@ -176,26 +199,47 @@ def hf_engine_factory(directory: Path, descriptor: CompatDescriptor, *,
     return model.engine, model.geometry
 
 
-def calibrate(make: EngineFactory, block_tokens: int) -> tuple[float, float]:
-    """(prefill, decode) tokens per second of a fresh engine on a small context (worker thread)."""
-    engine = make(greedy_sampler())
-    prompt = [1] * (CALIBRATION_BLOCKS * block_tokens)
-    _, prefill_s = timed(lambda: engine.prefill(prompt))
+def calibrate(make: EngineFactory, block_tokens: int, *, target_tokens: int = CALIBRATION_TOKENS,
+              budget_s: float = CALIBRATION_BUDGET_S) -> tuple[float, float]:
+    """(prefill, decode) tokens per second of fresh engines (worker thread; see the module).
+
+    The prefill rate is that of the longest prompt run: 4 blocks, doubled while the next prompt (taken to
+    cost 2.5x the last: longer prompts are slower per token) still fits in ``budget_s``, up to
+    ``target_tokens``.  Decode is timed after that prompt, i.e. with a cache of typical length."""
+    tokens = CALIBRATION_BLOCKS * block_tokens
+    spent = 0.0
+    while True:
+        engine = make(greedy_sampler())
+        _, prefill_s = timed(partial(engine.prefill, [1] * tokens))
+        spent += prefill_s
+        if tokens >= target_tokens or spent + 2.5 * prefill_s > budget_s:
+            break
+        tokens = min(2 * tokens, max(target_tokens, tokens))
     _, decode_s = timed(lambda: [engine.decode_step() for _ in range(CALIBRATION_STEPS)])
-    return len(prompt) / max(prefill_s, 1e-9), CALIBRATION_STEPS / max(decode_s, 1e-9)
+    return tokens / max(prefill_s, 1e-9), CALIBRATION_STEPS / max(decode_s, 1e-9)
 
 
 @dataclass(slots=True)
 class RateMeter:
-    """Tokens per second of one kind of engine work, measured, smoothed; 0 until measured."""
+    """Tokens per second of one kind of engine work, measured, smoothed; 0 until measured.
+
+    A measurement of ``tokens`` moves the rate by ``EWMA_WEIGHT * min(1, tokens / reference_tokens)``:
+    with the default 1 every measurement counts alike (decode steps); the prefill meter uses
+    `PREFILL_REFERENCE_TOKENS`, so short prefills, whose per-token rate says little about a recompute
+    of a long prompt, barely move it."""
 
     rate: float = 0.0
+    reference_tokens: int = 1
 
     def observe(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds <= 0:
             return
         sample = tokens / seconds
-        self.rate = sample if self.rate == 0 else (1 - EWMA_WEIGHT) * self.rate + EWMA_WEIGHT * sample
+        if self.rate == 0:
+            self.rate = sample
+            return
+        weight = EWMA_WEIGHT * min(1.0, tokens / self.reference_tokens)
+        self.rate = (1 - weight) * self.rate + weight * sample
 
 
 def timed(work: Callable[[], T]) -> tuple[T, float]:

@@ -28,10 +28,11 @@ from control.instance.metrics import InstanceMetrics
 from kvsp.client.fetch import BlockFetcher, FetchResult, Outcome
 from kvsp.client.http import TransportError
 from kvsp.container import Container, LayerView
-from kvsp.engine import Engine
+from kvsp.engine import Engine, block_importer
 from kvsp.errors import ValidationError
 from kvsp.problems import ProblemError
 from kvsp.records import LookupRequest, ReplicaRecord
+from kvsp.registry import Codec
 
 log = logging.getLogger("kvsp.instance.loading")
 
@@ -64,6 +65,7 @@ class StreamingLoad:
     local: list[Container]
     remote: int
     task: asyncio.Task[FetchResult] | None = None
+    overlap: bool = True  # False ("auto" found nothing to overlap): blocks are fetched whole, nothing imported
 
     @property
     def blocks(self) -> int:
@@ -130,25 +132,34 @@ class ContextLoader:
         return prefix
 
     async def begin(self, scope_id: bytes, keys: Sequence[bytes], engine: Engine, *, layers: int,
-                    deadline_s: float) -> StreamingLoad:
-        """Import the own tiers' leading blocks, look the rest up, and start fetching them layer-wise."""
+                    deadline_s: float, auto_tail: int | None = None) -> StreamingLoad:
+        """Import the own tiers' leading blocks, look the rest up, and start fetching them layer-wise.
+
+        ``auto_tail`` (layerwise "auto"): overlap only when some blocks are fetched and the context leaves
+        at least that many tokens to compute past the cached ones (``keys`` cover the context's complete
+        blocks; the caller adds its partial block); otherwise fetch whole blocks and import nothing
+        (``overlap`` False: the caller imports them whole and prefills once they are in)."""
         local: list[Container] = []
         for key in keys:
             held = await self.tiers.local.read(BlockId(self.compat_id, scope_id, key))
             if held is None:
                 break
             local.append(held)
-        await asyncio.to_thread(import_prefix, engine, local)
         rest = keys[len(local) :]
         fetcher = self.fetchers(LOAD_LEASE_MS, deadline_s)
         replicas = await self._lookup(fetcher, scope_id, rest, deadline_s) if rest else ()
-        load = StreamingLoad(LayerGate(len(local) + len(replicas), layers, timeout_s=deadline_s + WAIT_MARGIN_S),
-                             local, len(replicas))
-        for block in range(len(local)):
-            load.gate.imported_all(block)
+        computed = (len(keys) - len(local) - len(replicas)) * self.block_tokens
+        overlap = auto_tail is None or (bool(replicas) and computed >= auto_tail)
+        blocks = len(local) + len(replicas) if overlap else 0
+        load = StreamingLoad(LayerGate(blocks, layers, timeout_s=deadline_s + WAIT_MARGIN_S), local, len(replicas),
+                             overlap=overlap)
+        if overlap:
+            await asyncio.to_thread(import_prefix, engine, local)
+            for block in range(len(local)):
+                load.gate.imported_all(block)
         if replicas:
             load.task = asyncio.get_running_loop().create_task(
-                self._stream(fetcher, scope_id, rest, replicas, engine=engine, load=load))
+                self._stream(fetcher, scope_id, rest, replicas, engine=engine if overlap else None, load=load))
         return load
 
     async def _lookup(self, fetcher: BlockFetcher, scope_id: bytes, keys: Sequence[bytes],
@@ -168,17 +179,20 @@ class ContextLoader:
         return response.replicas
 
     async def _stream(self, fetcher: BlockFetcher, scope_id: bytes, keys: Sequence[bytes],
-                      replicas: Sequence[Sequence[ReplicaRecord]], *, engine: Engine,
+                      replicas: Sequence[Sequence[ReplicaRecord]], *, engine: Engine | None,
                       load: StreamingLoad) -> FetchResult:
+        """Fetch the matched blocks; with an ``engine``, hand it each verified layer as it arrives."""
         first, gate = len(load.local), load.gate
 
         def arrived(index: int, view: LayerView) -> None:  # event loop; import_kv is a copy at most
-            engine.import_kv(first + index, view.layer, view.k, view.v)
+            if engine is not None:
+                engine.import_kv(first + index, view.layer, view.k, view.v)
             gate.imported(first + index, view.layer)
 
         try:
             result = await fetcher.load(scope_id, self.compat_id, replicas, requested=len(keys),
-                                        block_tokens=self.block_tokens, on_layer=arrived)
+                                        block_tokens=self.block_tokens,
+                                        on_layer=arrived if engine is not None else None)
         except BaseException:
             gate.fail("the fetch was stopped")
             raise
@@ -207,7 +221,14 @@ class ContextLoader:
 
 
 def import_prefix(engine: Engine, blocks: Sequence[Container]) -> None:
-    """Stage every layer of the loaded blocks in the engine (runs in a worker thread, before prefill)."""
+    """Stage every layer of the loaded blocks in the engine (runs in a worker thread, before prefill).
+
+    The blocks are whole here, so an engine with ``import_block`` takes each raw one at once (one view,
+    then one copy into its cache); per-layer `import_kv` is for blocks still arriving (layer-wise)."""
+    whole = block_importer(engine)
     for index, block in enumerate(blocks):
+        if whole is not None and block.codec == Codec.RAW:
+            whole.import_block(index, block)
+            continue
         for layer in block.layers:
             engine.import_kv(index, layer.layer, layer.k, layer.v)

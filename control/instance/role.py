@@ -18,9 +18,17 @@ from aiohttp import web
 from control.config import RoleConfig
 from control.holder.app import HOLDER
 from control.holder.moqt import HOLDER_MOQT
+from control.holder.tiers import MemoryTier
 from control.instance.blocks import HolderBlocks, LocalBlocks, MemoryBlocks, Replicator, Tiers
 from control.instance.core import PrefetchTracker
-from control.instance.engines import EngineFactory, Pacing, RateMeter, calibrate, engine_factory
+from control.instance.engines import (
+    PREFILL_REFERENCE_TOKENS,
+    EngineFactory,
+    Pacing,
+    RateMeter,
+    calibrate,
+    engine_factory,
+)
 from control.instance.loading import ContextLoader
 from control.instance.metrics import InstanceMetrics
 from control.instance.pc_client import PcClient
@@ -28,7 +36,7 @@ from control.instance.prefetching import PrefetchRunner
 from control.instance.resharding import ShardHost
 from control.instance.service import Instance
 from control.instance.sessions import LiveSource, SessionDeps
-from control.instance.settings import InstanceSettings
+from control.instance.settings import HF_PREFIX, InstanceSettings
 from control.serve import Clock
 from control.tls import client_context
 from kvsp.client.fetch import BlockFetcher, ClientStats, FetchOptions
@@ -40,6 +48,21 @@ from kvsp.container import Geometry
 from kvsp.errors import ValidationError
 
 log = logging.getLogger("kvsp.instance")
+
+
+def memory_tier(engine: str) -> MemoryTier | None:
+    """The tier of the instance's own block cache when no holder role runs here (None: plain `HostTier`).
+
+    With the transformers engine (torch is there anyway) blocks are kept as torch tensors
+    (`TorchHostTier`, pinned when CUDA is present), so a cached block goes to the accelerator in one DMA
+    transfer; the test engine keeps plain octets and needs no torch."""
+    if not engine.startswith(HF_PREFIX):
+        return None
+    try:
+        from control.holder.torch_tiers import TorchHostTier  # noqa: PLC0415 - torch only for this engine
+    except ImportError:  # pragma: no cover - the hf engine itself needs torch
+        return None
+    return TorchHostTier()
 
 
 class NotStarted(RuntimeError):
@@ -132,7 +155,8 @@ class InstanceRole:
         holder = app.get(HOLDER)
         if holder is None:
             log.warning("no holder role in this process: loaded and generated blocks are cached, not published")
-            return MemoryBlocks(self.settings.limits.memory_blocks_octets, self.geometry)
+            tier = memory_tier(self.settings.engine)
+            return MemoryBlocks(self.settings.limits.memory_blocks_octets, self.geometry, tier)
         if self.settings.descriptor.compat_id not in holder.settings.descriptors:
             log.warning("[holder] descriptors lack this instance's model: peers cannot PUT its blocks here")
         return HolderBlocks(holder, self.geometry)
@@ -149,7 +173,7 @@ class InstanceRole:
         block_tokens = settings.descriptor.block_tokens
         # Measured before the first status: the PC prices recompute with these (0 would be infinite).
         prefill_rate, decode_rate = await asyncio.to_thread(calibrate, self.engines, block_tokens)
-        prefill, decode = RateMeter(prefill_rate), RateMeter(decode_rate)
+        prefill, decode = RateMeter(prefill_rate, PREFILL_REFERENCE_TOKENS), RateMeter(decode_rate)
         deps = SessionDeps(
             loader=ContextLoader(settings.descriptor.compat_id, block_tokens, tiers, self.fetcher, self.metrics),
             tiers=tiers, pc=PcClient(session, settings.pc, self.config.server.base_uri,

@@ -5,7 +5,8 @@ POST sessions/{session}/resume; a `SessionRun` carries it out:
 
 1. load the cached prefix (own tiers, then the IS and other holders), import it layer by layer into
    the engine and prefill the rest (recompute), in a worker thread; with a layer-wise engine a start
-   fetches and computes at once (`control.instance.layerwise`): layer l is computed as soon as layer l
+   (``layerwise`` on, or "auto" when blocks are fetched and at least 4 blocks are computed) fetches and
+   computes at once (`control.instance.layerwise`): layer l is computed as soon as layer l
    of every prefix block arrived, and a block that cannot be loaded makes it recompute from there;
    with ``publish_live`` the blocks computed here go out as MOQT objects layer by layer meanwhile;
 2. generate up to max_tokens: each sampled token goes through the gate, which labels it (index,
@@ -42,7 +43,7 @@ from control.instance.metrics import InstanceMetrics
 from control.instance.output import CheckpointSender, TokenLog
 from control.instance.pc_client import Fenced, PcClient
 from control.instance.records import CheckpointAck
-from control.instance.settings import Limits
+from control.instance.settings import Layerwise, Limits
 from kvsp.container import Geometry, encode_container
 from kvsp.engine import Engine, Step, WaitLayer
 from kvsp.errors import KvspError
@@ -57,6 +58,10 @@ log = logging.getLogger("kvsp.instance.sessions")
 
 START: Final = "start"
 RESUME: Final = "resume"
+# layerwise "auto" overlaps loading with the prefill only when at least this many blocks' worth of tokens
+# are computed: below that the compute is too short to hide any transfer, and the per-layer path costs
+# more than importing whole blocks (docs/instance.md, "Layer-wise loading": measured)
+AUTO_MIN_TAIL_BLOCKS: Final = 4
 
 
 class SessionFailed(KvspError):
@@ -120,7 +125,8 @@ class SessionDeps:
     block_tokens: int
     # The prefetch directive sent for a session (request_ref), once it has ended; None: there was none.
     prefetched: Callable[[str], Awaitable[PrefetchStatus | None]] | None = None
-    layerwise: bool = True  # a start loads its prefix layer-wise, overlapped with prefill (when the engine can)
+    layerwise: Layerwise = Layerwise.AUTO  # a start loads its prefix layer-wise, overlapped with prefill (if the
+    # engine can): ON always, AUTO when blocks are fetched and at least AUTO_MIN_TAIL_BLOCKS are computed
     live: LiveSource | None = None  # publish_live: the holder's MOQT publisher
 
 
@@ -198,14 +204,18 @@ class SessionRun:
 
     async def _begin(self) -> StreamingLoad | None:
         """A start with a layer-wise engine: begin loading its prefix layer by layer (None: load first)."""
-        if self.spec.kind != START or not self.deps.layerwise or layerwise(self.engine) is None:
+        mode = self.deps.layerwise
+        if self.spec.kind != START or mode is Layerwise.OFF or layerwise(self.engine) is None:
             return None
         if not await self._fetch_wanted():
             return None
-        blocks = len(self.spec.context) // self.deps.block_tokens
+        b = self.deps.block_tokens
+        blocks = len(self.spec.context) // b
+        partial = len(self.spec.context) - blocks * b  # computed in any case, on top of uncached blocks
+        auto_tail = max(0, AUTO_MIN_TAIL_BLOCKS * b - partial) if mode is Layerwise.AUTO else None
         return await self.deps.loader.begin(self.spec.base.scope_id, self.keys[:blocks], self.engine,
                                             layers=self.engine.geometry.layers,
-                                            deadline_s=self.deps.limits.load_timeout_ms / 1000)
+                                            deadline_s=self.deps.limits.load_timeout_ms / 1000, auto_tail=auto_tail)
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run())
@@ -217,7 +227,10 @@ class SessionRun:
             prefix = self.prefix
             if prefix is None:
                 streaming = await self._begin()
-                prefix = await self.load() if streaming is None else None
+                if streaming is None:
+                    prefix = await self.load()
+                elif not streaming.overlap:  # "auto": nothing to overlap; load whole blocks, then prefill
+                    prefix = self.prefix = await streaming.result()
             async with self.deps.batch:
                 self.running = True
                 step = await (self._prefill(prefix) if prefix is not None else self._prefill_streaming(streaming))

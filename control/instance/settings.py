@@ -33,7 +33,9 @@
     hf_chunk_tokens = 0                      # engine = "hf:DIR": compute prompts in chunks of this many tokens
                                              # (a multiple of block_tokens; 0: one pass). block_tokens makes a
                                              # loaded prefix give bit-identical logits to a full recompute
-    layerwise = true                         # load the cached prefix layer by layer, overlapped with prefill
+    layerwise = "auto"                       # true: load the cached prefix layer by layer, overlapped with
+                                             # prefill; false: load, then prefill; "auto": overlap when there
+                                             # is something to overlap (docs/instance.md)
     moqt_fetch = false                       # read moqt:// replicas over MOQT (certificate of [tls]), else HTTPS
     moqt_object_timeout_ms = 10000           # MOQT: the longest wait for one object (a stalled publisher)
     moqt_relay = "moqt://127.0.0.1:4443/relay"  # optional, with moqt_fetch: the own rack's relay; every moqt
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from typing import Final
 
 from control.config import RoleConfig
@@ -97,10 +100,29 @@ _MINIMUM: Final[Mapping[str, int]] = {"vocab_size": 2, "status_ttl_ms": 3, "fini
                                       "memory_blocks_octets": 0, "test_prefill_us_per_token": 0,
                                       "test_decode_us_per_token": 0, "hf_chunk_tokens": 0}
 _INTS: Final = tuple(f.name for f in fields(Limits))
-_FLAGS: Final = ("layerwise", "moqt_fetch", "publish_live")
+_FLAGS: Final = ("moqt_fetch", "publish_live")
 KNOWN_KEYS: Final = frozenset({"pc", "index", "engine", "descriptors", "scope_keys", "replicate_to", "peers",
-                               "idle_for_s", "links", "moqt_relay", *_FLAGS, *_INTS})
+                               "idle_for_s", "links", "moqt_relay", "layerwise", *_FLAGS, *_INTS})
 MAX_LINKS: Final = 256
+
+
+class Layerwise(StrEnum):
+    """``layerwise``: overlap loading the cached prefix with the prefill always, never, or when it can pay."""
+
+    ON = "on"
+    OFF = "off"
+    AUTO = "auto"
+
+
+def _layerwise(r: ObjectReader) -> Layerwise:
+    value = r.optional("layerwise", r.raw)
+    if value is None:
+        return Layerwise.AUTO
+    if isinstance(value, bool):
+        return Layerwise.ON if value else Layerwise.OFF
+    if value != Layerwise.AUTO.value:
+        raise ValidationError(r.member("layerwise"), 'must be true, false or "auto"')
+    return Layerwise.AUTO
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +139,7 @@ class InstanceSettings:
     idle_for_s: float = 300.0
     links: tuple[Link, ...] = ()
     limits: Limits = Limits()
-    layerwise: bool = True
+    layerwise: Layerwise = Layerwise.AUTO
     moqt_fetch: bool = False
     publish_live: bool = False
     moqt_relay: str | None = None
@@ -149,7 +171,7 @@ class InstanceSettings:
             idle_for_s=300.0 if idle is None else idle,
             links=_links(r),
             limits=Limits(**ints),
-            layerwise=flags["layerwise"] is not False,
+            layerwise=_layerwise(r),
             moqt_fetch=flags["moqt_fetch"] is True,
             publish_live=flags["publish_live"] is True,
             moqt_relay=_moqt_relay(r, flags["moqt_fetch"] is True),

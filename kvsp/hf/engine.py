@@ -39,8 +39,10 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 import torch
 
+from kvsp.container import Container
 from kvsp.descriptor import CompatDescriptor
 from kvsp.engine import (
+    BlockImporter,
     BlockKv,
     Bytes,
     EngineGeometry,
@@ -50,12 +52,13 @@ from kvsp.engine import (
     SamplerState,
     Step,
     WaitLayer,
+    check_block,
     greedy_sampler,
 )
 from kvsp.errors import ValidationError
 from kvsp.hf.descriptor import descriptor_from_model_dir, geometry_of, kv_dtype_of_config
 from kvsp.records import Sampler
-from kvsp.tensors import CacheOctets, copy_section, section_octets, section_view, torch_dtype
+from kvsp.tensors import CacheOctets, container_tensor, copy_section, section_octets, section_view, torch_dtype
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -69,12 +72,15 @@ _PrefixSource = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """Where a forward pass takes the prefix KV from, and whom it tells about each layer."""
+    """Where a forward pass takes the prefix KV from, and whom it tells about each layer.
+
+    ``bulk``: prefix blocks already copied into the cache whole (`HfEngine.import_block`), skipped per layer."""
 
     prefix_blocks: int
     prefix: _PrefixSource
     wait_layer: WaitLayer | None
     on_layer: OnLayer | None
+    bulk: frozenset[int] = frozenset()
 
 
 def _no_prefix(block: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,7 +183,7 @@ class HfEngine:
     """One generation context of an `HfModel`: the `LayerwiseEngine` protocol over a transformers model."""
 
     __slots__ = ("_kv", "_length", "_lock", "_model", "_octets", "_pending", "_ready_layers", "_sampler", "_staged",
-                 "loaded_tokens", "recomputed_tokens")
+                 "_whole", "loaded_tokens", "recomputed_tokens")
 
     def __init__(self, model: HfModel, sampler: Sampler | None = None) -> None:
         self._model = model
@@ -188,6 +194,7 @@ class HfEngine:
         self._pending: int | None = None
         self._lock = threading.Lock()  # import_kv (event loop thread) vs prefill (worker thread)
         self._staged: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._whole: dict[int, torch.Tensor] = {}  # import_block: [layers, K/V, tokens, kv_heads, dim] views
         self.loaded_tokens = 0
         self.recomputed_tokens = 0
 
@@ -209,17 +216,21 @@ class HfEngine:
                 given[block, lk.layer] = self._sections(lk.k, lk.v)
         with self._lock:
             available = {**self._staged, **given}
+            whole = {block: t for block, t in self._whole.items() if block >= len(loaded_prefix_kv)}
         blocks = 0
-        while blocks < len(tokens) // g.block_tokens and all((blocks, n) in available for n in range(g.layers)):
+        while blocks < len(tokens) // g.block_tokens and (
+                blocks in whole or all((blocks, n) in available for n in range(g.layers))):
             blocks += 1
-        return self._run(tokens, blocks, lambda block, layer: available[block, layer], None, None)
+        return self._run(tokens, blocks, lambda block, layer: available[block, layer], None, None, whole=whole)
 
     def prefill_layerwise(self, tokens: Sequence[int], prefix_blocks: int, wait_layer: WaitLayer,
                           on_layer: OnLayer | None = None) -> Step:
         self._check_tokens(tokens)
         if not 0 <= prefix_blocks <= len(tokens) // self.geometry.block_tokens:
             raise ValueError(f"{prefix_blocks} prefix blocks do not fit in {len(tokens)} tokens")
-        return self._run(tokens, prefix_blocks, self._take_staged, wait_layer, on_layer)
+        with self._lock:
+            whole = dict(self._whole)
+        return self._run(tokens, prefix_blocks, self._take_staged, wait_layer, on_layer, whole=whole)
 
     def decode_step(self) -> Step:
         if self._pending is None:
@@ -256,6 +267,17 @@ class HfEngine:
         with self._lock:
             self._staged[block, layer] = sections
 
+    def import_block(self, block: int, container: Container) -> None:
+        """A raw container's data viewed as one ``[layers, K/V, tokens, kv_heads, dim]`` tensor (no copy); the
+        prefill copies it into the cache in one ``copy_`` instead of two per layer (docs/engine.md)."""
+        g = self.geometry
+        check_block(g, container)
+        if block < 0:
+            raise ValueError(f"block {block} outside the geometry")
+        tensor = container_tensor(container, g.kv_dtype, g.kv_heads, g.head_dim)
+        with self._lock:
+            self._whole[block] = tensor
+
     def sampler_state(self) -> Sampler:
         return self._sampler.state
 
@@ -281,19 +303,26 @@ class HfEngine:
     def _take_staged(self, block: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         with self._lock:
             sections = self._staged.get((block, layer))
+            whole = self._whole.get(block)
+        if sections is None and whole is not None:
+            sections = whole[layer, 0], whole[layer, 1]
         if sections is None:
             raise ValueError(f"block {block} layer {layer} was not imported before wait_layer({layer}) returned")
         return sections
 
     def _allocate(self, tokens: int) -> tuple[torch.Tensor, CacheOctets | None]:
-        """A zeroed cache, and the octet views of its sections when it is in host memory."""
+        """An uninitialised cache, and the octet views of its sections when it is in host memory.
+
+        Not zeroed: every row below the context length is written (copied prefix, computed or decoded
+        tokens) before attention or `export_kv` reads it, and zeroing a long context's cache costs as much
+        as copying the whole prefix into it (measured: benchmarks/bench_engine.py, import case)."""
         g = self._model.geometry
-        cache = torch.zeros((2, g.layers, max(tokens, 1), g.kv_heads, g.head_dim), dtype=torch_dtype(g.kv_dtype),
+        cache = torch.empty((2, g.layers, max(tokens, 1), g.kv_heads, g.head_dim), dtype=torch_dtype(g.kv_dtype),
                             device=self._model.device)
         return cache, CacheOctets(cache) if cache.device.type == "cpu" else None
 
     def _run(self, tokens: Sequence[int], prefix_blocks: int, prefix: _PrefixSource,
-             wait_layer: WaitLayer | None, on_layer: OnLayer | None) -> Step:
+             wait_layer: WaitLayer | None, on_layer: OnLayer | None, *, whole: dict[int, torch.Tensor]) -> Step:
         g, chunk = self.geometry, self._model.chunk_tokens
         # Room for a block of decoding before the first doubling.
         self._kv, self._octets = self._allocate(len(tokens) + g.block_tokens)
@@ -305,13 +334,15 @@ class HfEngine:
             start = len(tokens) - 1 if chunk is None else (len(tokens) - 1) // chunk * chunk
         copied = min(prefix_blocks, -(-start // g.block_tokens))
         try:
-            logits = self._forward(tokens[start:], start, _Plan(copied, prefix, wait_layer, on_layer))
+            bulk = self._copy_whole({block: t for block, t in whole.items() if block < copied})
+            logits = self._forward(tokens[start:], start, _Plan(copied, prefix, wait_layer, on_layer, bulk))
         except BaseException:
             self._length, self._ready_layers = 0, g.layers
             raise
         finally:
             with self._lock:
                 self._staged.clear()
+                self._whole.clear()
         self.loaded_tokens, self.recomputed_tokens = start, len(tokens) - start
         return self._sample(logits)
 
@@ -346,18 +377,26 @@ class HfEngine:
             result: np.ndarray[Any, np.dtype[np.float32]] = logits[0, -1].float().cpu().numpy()
         return result
 
+    def _copy_whole(self, whole: dict[int, torch.Tensor]) -> frozenset[int]:
+        """Copy whole staged blocks into the cache, every layer and K and V of a block in one ``copy_``."""
+        b, kv = self.geometry.block_tokens, self._kv
+        for block, tensor in whole.items():
+            kv[:, :, block * b : (block + 1) * b].copy_(tensor.transpose(0, 1))
+        return frozenset(whole)
+
     def _load_layer(self, layer: int, plan: _Plan) -> None:
         """Copy layer ``layer`` of the prefix blocks into the cache: the one copy of the received octets."""
-        if not plan.prefix_blocks:
+        todo = [block for block in range(plan.prefix_blocks) if block not in plan.bulk]
+        if not todo:
             return
         g, kv = self.geometry, self._kv
-        sections = [plan.prefix(block, layer) for block in range(plan.prefix_blocks)]
-        end = plan.prefix_blocks * g.block_tokens
-        if kv.device.type == "cpu":  # the prefix rows of one layer are contiguous: one cat per K and V
-            torch.cat([k for k, _ in sections], out=kv[0, layer, :end])
-            torch.cat([v for _, v in sections], out=kv[1, layer, :end])
+        sections = [plan.prefix(block, layer) for block in todo]
+        first, end = todo[0] * g.block_tokens, (todo[-1] + 1) * g.block_tokens
+        if kv.device.type == "cpu" and len(todo) == todo[-1] - todo[0] + 1:  # contiguous rows: one cat per K and V
+            torch.cat([k for k, _ in sections], out=kv[0, layer, first:end])
+            torch.cat([v for _, v in sections], out=kv[1, layer, first:end])
             return
-        for block, (k, v) in enumerate(sections):  # host to device, block by block
+        for block, (k, v) in zip(todo, sections, strict=True):  # host to device (or gaps), block by block
             rows = slice(block * g.block_tokens, (block + 1) * g.block_tokens)
             copy_section(kv[0, layer, rows], k, g.kv_dtype)
             copy_section(kv[1, layer, rows], v, g.kv_dtype)
@@ -389,4 +428,9 @@ class HfEngine:
 
 def _conforms(engine: HfEngine) -> LayerwiseEngine:
     """Static check (mypy): the engine implements the whole `LayerwiseEngine` protocol."""
+    return engine
+
+
+def _imports_blocks(engine: HfEngine) -> BlockImporter:
+    """Static check (mypy): and `BlockImporter`."""
     return engine
