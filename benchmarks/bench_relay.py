@@ -11,21 +11,33 @@ connected to the relay, and the subscribers (this process). Mutual TLS 1.3 throu
 * ``fetch_cache_hit_vs_miss``: FETCH of a whole block through the relay, a block fetched before (hit)
   against one never fetched (miss: relay -> publisher); goal: hit <= 1.0x miss.
 * ``relay_hop_first_object`` / ``relay_hop_block``: FETCH through the relay (miss) against FETCH from the
-  publisher directly: first-object latency (goal <= 1.3x) and whole-block throughput (goal >= 0.8x).
+  publisher directly: first-object latency (goal <= 1.3x) and whole-block throughput (goal >= 0.8x). The
+  relay passes pieces on as they arrive (``relay.cutthrough``); ``relay_cut_through_objects`` counts them.
+* ``relay_hit_first_object`` / ``relay_hit_block``: the same through the relay on a cache hit against
+  direct (no goal): what every reader in the rack after the first one gets.
+* ``cpu_per_block_miss_vs_direct``: CPU seconds per block of all three processes (``cpu_ms`` per process),
+  via the relay (miss) against direct; when the cores are saturated, ``relay_hop_block`` cannot beat its
+  inverse.
 
 The machine's cores are shared with other work, so figures move between runs; each pair is measured
-in alternation. Run: ``python -m benchmarks.bench_relay [--quick]``; prints JSON.
+in alternation. Run: ``python -m benchmarks.bench_relay [--quick] [--fetch-only] [--profile FILE]
+[--relay-ack-delay S] [--relay-recv-batch N]``; prints JSON. ``--profile`` writes a cProfile (CPU time)
+of the relay process over 10 misses (``python -m pstats FILE``); the last two options compare QUIC
+settings against the relay's (``relay.settings.RELAY_QUIC``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import cProfile
+import dataclasses
 import json
 import multiprocessing as mp
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -37,7 +49,7 @@ from moqt.quic import EndpointConfig, QuicSettings
 from moqt.wire import Location, Namespace
 from relay.core import RelayStats
 from relay.server import Relay
-from relay.settings import RelaySettings
+from relay.settings import RELAY_QUIC, RelaySettings
 
 MiB = 1 << 20
 OBJECT = 64 << 10
@@ -45,7 +57,8 @@ LAYERS = 32
 ROLES = {"relay": "moqt://127.0.0.1/relay", "publisher": "https://127.0.0.1/bench-publisher/",
          "subscriber": "https://bench-subscriber.test/"}
 TRACK = b"raw"
-RELAY_QUIC = QuicSettings(recv_batch=16)  # control back to the relay every 16 datagrams: forward sooner
+PROFILED_MISSES = 10
+CPU_BLOCKS = 8
 
 
 def _config(pki: Path, name: str, settings: QuicSettings | None = None) -> EndpointConfig:
@@ -61,13 +74,25 @@ def live_ns(name: str) -> Namespace:
 
 
 # -- the relay process ---------------------------------------------------------------------------------
-async def _relay_main(pki: Path, conn: Connection) -> None:
+async def _relay_main(pki: Path, conn: Connection, quic: QuicSettings) -> None:
     settings = RelaySettings("127.0.0.1", 0, "moqt://127.0.0.1:1/relay", cache_octets=1 << 30,
                              subscriber_buffer_octets=512 * MiB)
     relay = Relay(settings, authorize=allow_authenticated)
-    conn.send(await relay.listen("127.0.0.1", 0, _config(pki, "relay", RELAY_QUIC)))
+    conn.send(await relay.listen("127.0.0.1", 0, _config(pki, "relay", quic)))
+    profile: cProfile.Profile | None = None
     while (command := await asyncio.to_thread(conn.recv)) != "stop":
-        if command == "stats":
+        if command == "profile":  # the relay's event loop only (conn.recv waits in another thread)
+            profile = cProfile.Profile(time.process_time)  # CPU time: preemption on a loaded machine is not ours
+            profile.enable()
+            conn.send("ok")
+        elif isinstance(command, tuple) and command[0] == "profile_dump" and profile is not None:
+            profile.disable()
+            profile.dump_stats(command[1])
+            profile = None
+            conn.send("ok")
+        elif command == "cpu":
+            conn.send(time.process_time())
+        elif command == "stats":
             conn.send(relay.stats.to_json())
         elif command == "reset":
             for name in RelayStats.__slots__:
@@ -77,8 +102,8 @@ async def _relay_main(pki: Path, conn: Connection) -> None:
     await relay.close()
 
 
-def _relay_process(pki: str, conn: Connection) -> None:
-    asyncio.run(_relay_main(Path(pki), conn))
+def _relay_process(pki: str, conn: Connection, quic: QuicSettings) -> None:
+    asyncio.run(_relay_main(Path(pki), conn, quic))
 
 
 # -- the publisher process -----------------------------------------------------------------------------
@@ -94,6 +119,9 @@ async def _publisher_main(pki: Path, relay_uri: str, blocks: int, conn: Connecti
     conn.send(port)
     tracks = {}
     while (command := await asyncio.to_thread(conn.recv)) != "stop":
+        if command == "cpu":
+            conn.send(time.process_time())
+            continue
         verb, name, octets = command
         if verb == "open":  # the track exists before anyone subscribes, as a block being produced does
             tracks[name] = publisher.track(live_ns(name), TRACK)
@@ -194,68 +222,138 @@ async def _fanout_rows(bench: Bench, octets: int, reps: int) -> list[dict[str, o
 
 async def _fetch_rows(bench: Bench, reps: int) -> list[dict[str, object]]:
     via = bench.subscribers[0]
-    hits, misses, direct_first, direct_all, relay_first, relay_all = [], [], [], [], [], []
+    times: dict[str, list[float]] = {k: [] for k in ("hit_first", "hit_all", "miss_all", "direct_first",
+                                                      "direct_all", "relay_first", "relay_all")}
     block = 0
     for rep in range(reps + 1):
         _, miss = await bench.fetch(via, block)  # never fetched: relay -> publisher
-        _, hit = await bench.fetch(via, block)   # now cached at the relay
+        hit_first, hit = await bench.fetch(via, block)   # now cached at the relay
         first_d, all_d = await bench.fetch(bench.direct, block + 1)
         first_r, all_r = await bench.fetch(via, block + 1)  # a miss too, alternating with direct
         block += 2
         if rep:  # the first round warms up
-            misses.append(miss)
-            hits.append(hit)
-            direct_first.append(first_d)
-            direct_all.append(all_d)
-            relay_first.append(first_r)
-            relay_all.append(all_r)
+            for key, value in (("miss_all", miss), ("hit_first", hit_first), ("hit_all", hit),
+                               ("direct_first", first_d), ("direct_all", all_d), ("relay_first", first_r),
+                               ("relay_all", all_r)):
+                times[key].append(value)
+    t = {key: Sample.of(values) for key, values in times.items()}
     block_octets = LAYERS * OBJECT
     rows = [
-        case("fetch_cache_hit_vs_miss", Sample.of(hits), Sample.of(misses), "hit <= 1.0x miss latency",
+        case("fetch_cache_hit_vs_miss", t["hit_all"], t["miss_all"], "hit <= 1.0x miss latency",
              goal_max_ratio=1.0),
-        case("relay_hop_first_object", Sample.of(relay_first), Sample.of(direct_first),
+        case("relay_hop_first_object", t["relay_first"], t["direct_first"],
              "via relay (miss) <= 1.3x direct first-object latency", goal_max_ratio=1.3),
-        case("relay_hop_block", Sample.of(relay_all), Sample.of(direct_all),
+        case("relay_hop_block", t["relay_all"], t["direct_all"],
              "via relay (miss) >= 0.8x direct throughput (ratio = direct time / relay time)",
              higher_is_better=True, goal_min_ratio=0.8),
+        case("relay_hit_first_object", t["hit_first"], t["direct_first"],
+             "via relay (cache hit) vs direct first-object latency (no goal: what a rack-local reader sees)"),
+        case("relay_hit_block", t["hit_all"], t["direct_all"],
+             "via relay (cache hit) vs direct throughput (no goal; ratio = direct time / relay time)",
+             higher_is_better=True),
     ]
-    rows[2]["mb_per_s"] = {"relay": round(block_octets / Sample.of(relay_all).median_s / 1e6, 1),
-                           "direct": round(block_octets / Sample.of(direct_all).median_s / 1e6, 1)}
+    for row, key in ((rows[2], "relay_all"), (rows[4], "hit_all")):
+        row["mb_per_s"] = {"relay": round(block_octets / t[key].median_s / 1e6, 1),
+                           "direct": round(block_octets / t["direct_all"].median_s / 1e6, 1)}
     return rows
 
 
-async def _measure(pki: Path, relay_port: int, publisher_port: int, relay: Connection, publisher: Connection,
-                   octets: int, reps: int) -> list[dict[str, object]]:
+async def _cpu_rows(bench: Bench, first_block: int, count: int) -> list[dict[str, object]]:
+    """CPU seconds per block, all processes together: direct (publisher + subscriber) against a miss
+    (publisher + relay + subscriber). When the cores are the bottleneck, the relay's throughput ratio
+    cannot exceed the inverse of this ratio."""
+    async def cpu() -> tuple[float, float, float]:
+        relay, publisher = await bench.ask(bench.relay, "cpu"), await bench.ask(bench.publisher, "cpu")
+        assert isinstance(relay, float) and isinstance(publisher, float)
+        return relay, publisher, time.process_time()
+
+    per_block: dict[str, tuple[float, float, float]] = {}
+    for name, sub, start in (("direct", bench.direct, first_block), ("miss", bench.subscribers[0], first_block)):
+        before = await cpu()
+        for block in range(start, start + count):
+            await bench.fetch(sub, block)  # the same blocks: first direct, then through the relay (misses)
+        after = await cpu()
+        per_block[name] = ((after[0] - before[0]) / count, (after[1] - before[1]) / count,
+                           (after[2] - before[2]) / count)
+    direct, miss = (sum(per_block[k]) for k in ("direct", "miss"))
+    row = case("cpu_per_block_miss_vs_direct", miss, direct, "CPU of all processes per block, via relay (miss) vs "
+               "direct (no goal: bounds relay_hop_block when the cores are saturated)", unit="cpu_s")
+    row["cpu_ms"] = {name: {"relay": round(r * 1e3, 2), "publisher": round(p * 1e3, 2), "subscriber": round(c * 1e3, 2)}
+                     for name, (r, p, c) in per_block.items()}
+    return [row]
+
+
+async def _profile_misses(bench: Bench, path: str, first_block: int, count: int) -> None:
+    """cProfile of the relay process over ``count`` FETCH misses (nothing else runs meanwhile)."""
+    await bench.ask(bench.relay, "profile")
+    for block in range(first_block, first_block + count):
+        await bench.fetch(bench.subscribers[0], block)
+    await bench.ask(bench.relay, ("profile_dump", path))
+
+
+async def _measure(pki: Path, ports: tuple[int, int], relay: Connection, publisher: Connection,
+                   options: Options) -> list[dict[str, object]]:
+    relay_port, publisher_port = ports
     config = _config(pki, "subscriber", BLOCK_CLIENT_QUIC)  # as the block client reads blocks
     relay_uri = f"moqt://127.0.0.1:{relay_port}/relay"
     subscribers = [await Subscriber.connect(relay_uri, config, timeout_s=120) for _ in range(16)]
     direct = await Subscriber.connect(f"moqt://127.0.0.1:{publisher_port}/", config, timeout_s=120)
     bench = Bench(relay, publisher, subscribers, direct)
     try:
-        return [*await _fanout_rows(bench, octets, reps), *await _fetch_rows(bench, reps)]
+        rows = [] if options.fetch_only else await _fanout_rows(bench, options.octets, options.reps)
+        rows += await _fetch_rows(bench, options.reps)
+        rows += await _cpu_rows(bench, 2 * (options.reps + 1), CPU_BLOCKS)
+        if options.profile is not None:
+            await _profile_misses(bench, options.profile, 2 * (options.reps + 1) + CPU_BLOCKS, PROFILED_MISSES)
+        stats = await bench.ask(relay, "stats")
+        assert isinstance(stats, dict)
+        hop = next(row for row in rows if row["case"] == "relay_hop_block")
+        hop["relay_cut_through_objects"] = stats["cut_through"]  # objects passed on piece by piece
+        return rows
     finally:
         for sub in [*subscribers, direct]:
             await sub.close()
 
 
-def run(quick: bool = False) -> dict[str, object]:
-    octets, reps = (4 * MiB, 2) if quick else (16 * MiB, 5)
+@dataclass(frozen=True, slots=True)
+class Options:
+    octets: int = 16 * MiB
+    reps: int = 5
+    fetch_only: bool = False  # skip the fan-out cases
+    profile: str | None = None  # write a cProfile of the relay over PROFILED_MISSES misses here
+    relay_quic: QuicSettings = RELAY_QUIC
+
+    @classmethod
+    def parse(cls, argv: Sequence[str]) -> Options:
+        quick = "--quick" in argv
+        profile = argv[argv.index("--profile") + 1] if "--profile" in argv else None
+        quic = RELAY_QUIC
+        if "--relay-ack-delay" in argv:
+            quic = dataclasses.replace(quic, ack_delay_s=float(argv[argv.index("--relay-ack-delay") + 1]))
+        if "--relay-recv-batch" in argv:
+            quic = dataclasses.replace(quic, recv_batch=int(argv[argv.index("--relay-recv-batch") + 1]))
+        return cls(4 * MiB if quick else 16 * MiB, 2 if quick else 5, "--fetch-only" in argv, profile, quic)
+
+
+def run(quick: bool = False, options: Options | None = None) -> dict[str, object]:
+    options = options or (Options(4 * MiB, 2) if quick else Options())
     with tempfile.TemporaryDirectory() as tmp:
         pki = Path(tmp)
         make_dev_pki(pki, [RoleSpec(name, uri) for name, uri in ROLES.items()])
         ctx = mp.get_context("spawn")
         relay_conn, relay_child = ctx.Pipe()
         pub_conn, pub_child = ctx.Pipe()
-        relay = ctx.Process(target=_relay_process, args=(tmp, relay_child), daemon=True)
+        relay = ctx.Process(target=_relay_process, args=(tmp, relay_child, options.relay_quic), daemon=True)
         relay.start()
         publisher: mp.process.BaseProcess | None = None
+        blocks = 2 * (options.reps + 1) + CPU_BLOCKS + (PROFILED_MISSES if options.profile else 0)
         try:
             relay_port: int = relay_conn.recv()
             publisher = ctx.Process(target=_publisher_process, daemon=True,
-                                    args=(tmp, f"moqt://127.0.0.1:{relay_port}/relay", 4 * (reps + 1), pub_child))
+                                    args=(tmp, f"moqt://127.0.0.1:{relay_port}/relay", blocks, pub_child))
             publisher.start()
             publisher_port: int = pub_conn.recv()
-            rows = asyncio.run(_measure(pki, relay_port, publisher_port, relay_conn, pub_conn, octets, reps))
+            rows = asyncio.run(_measure(pki, (relay_port, publisher_port), relay_conn, pub_conn, options))
         finally:
             for conn in (pub_conn, relay_conn):
                 conn.send("stop")
@@ -264,14 +362,17 @@ def run(quick: bool = False) -> dict[str, object]:
                     proc.join(10)
                     if proc.is_alive():
                         proc.terminate()
-    return {"name": "relay", "params": {"fanout_track_octets": octets, "block_octets": LAYERS * OBJECT,
-                                        "object_octets": OBJECT, "reps": reps,
+    return {"name": "relay", "params": {"fanout_track_octets": options.octets, "block_octets": LAYERS * OBJECT,
+                                        "object_octets": OBJECT, "reps": options.reps,
+                                        "relay_ack_delay_s": options.relay_quic.ack_delay_s,
+                                        "relay_recv_batch": options.relay_quic.recv_batch,
                                         "processes": "relay, publisher and subscribers in separate processes"},
             "cases": rows}
 
 
 def main(argv: Sequence[str]) -> None:
-    print(json.dumps(run(quick="--quick" in argv), indent=2))
+    """``[--quick] [--fetch-only] [--profile FILE] [--relay-ack-delay SECONDS] [--relay-recv-batch N]``."""
+    print(json.dumps(run(options=Options.parse(argv)), indent=2))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ class DataReceiver:
 
     def __init__(self, core: SessionCore, *, partial: bool) -> None:
         self._core = core
-        self._partial = partial
+        self.partial = partial
 
     # -- entry points ----------------------------------------------------------------------------
     def receive(self, stream_id: int, data: bytes, end_stream: bool) -> None:
@@ -199,7 +199,7 @@ class DataReceiver:
         stream.current = header
         stream.assembly = None
         if header.payload_length == 0:
-            if self._partial:
+            if self.partial:
                 self._emit_chunk(stream, header, PayloadChunk(_EMPTY, 0, True))
             else:
                 self._emit_object(stream, header, _EMPTY, fin_next)
@@ -207,7 +207,7 @@ class DataReceiver:
     def _on_chunk(self, stream: InboundStream, chunk: PayloadChunk, fin_next: bool) -> None:
         header = stream.current
         assert header is not None
-        if self._partial:
+        if self.partial:
             self._emit_chunk(stream, header, chunk)
             return
         if chunk.offset == 0 and chunk.end_of_object:

@@ -21,7 +21,7 @@ from typing import Final, TypeAlias
 
 from moqt.errors import NeedMoreData, ProtocolViolation
 from moqt.profile import DatagramType, DataStreamType, ObjectStatus, SessionErrorCode
-from moqt.wire import VARINT_MAX, Bytes, KeyValuePair, Reader, Writer, decode_kvp_block, encode_kvps
+from moqt.wire import VARINT_MAX, Bytes, KeyValuePair, Reader, Writer, decode_kvp_block, encode_kvps, encode_varint
 
 DEFAULT_MAX_OBJECT_SIZE: Final = 64 * 1024 * 1024
 DEFAULT_MAX_EXTENSIONS_LENGTH: Final = 16 * 1024
@@ -303,29 +303,60 @@ class DataStreamParser:
             self._offset = 0
 
 
-def _object_parts(head: Writer, payload: Payload) -> list[Payload]:
-    return [head.getvalue(), payload] if len(payload) else [head.getvalue()]
-
-
 def _check_object(payload: Payload, extensions: Sequence[KeyValuePair], status: ObjectStatus) -> None:
-    if status != ObjectStatus.NORMAL and len(payload):
+    _check_length_status(len(payload), extensions, status)
+
+
+def _check_length_status(length: int, extensions: Sequence[KeyValuePair], status: ObjectStatus) -> None:
+    if length < 0 or length > VARINT_MAX:
+        raise ValueError(f"payload length {length} out of range")
+    if status != ObjectStatus.NORMAL and length:
         raise ValueError("only a Normal object has a payload")
     if status == ObjectStatus.DOES_NOT_EXIST and extensions:
         raise ValueError("an Object that does not exist cannot carry Extension Headers")
 
 
-def _push_length_status(head: Writer, payload: Payload, status: ObjectStatus) -> None:
-    head.push_varint(len(payload))
-    if not len(payload):
+def _varint(value: int) -> bytes:
+    """Minimal QUIC varint (as ``moqt.wire.encode_varint``), without its table look-up and copies."""
+    if value < 0x40:
+        return bytes((value,)) if value >= 0 else encode_varint(value)
+    if value < 0x4000:
+        return (value | 0x4000).to_bytes(2, "big")
+    if value < 0x40000000:
+        return (value | 0x80000000).to_bytes(4, "big")
+    return (value | 0xC000000000000000).to_bytes(8, "big") if value <= VARINT_MAX else encode_varint(value)
+
+
+def _check_no_object_open(remaining: int) -> None:
+    if remaining:
+        raise ValueError(f"the object begun still owes {remaining} payload octets")
+
+
+def _take_part(remaining: int, part: Payload) -> int:
+    size = len(part) if not isinstance(part, memoryview) else part.nbytes
+    if size > remaining:
+        raise ValueError(f"a payload part of {size} octets exceeds the {remaining} the object still owes")
+    return remaining - size
+
+
+def _push_length_status(head: Writer, length: int, status: ObjectStatus) -> None:
+    head.push_varint(length)
+    if not length:
         head.push_varint(status)
 
 
 @dataclass(slots=True)
 class SubgroupWriter:
-    """Encodes the objects of one subgroup stream, tracking the previous Object ID for the deltas."""
+    """Encodes the objects of one subgroup stream, tracking the previous Object ID for the deltas.
+
+    An object is encoded whole (``encode_object``) or as its fields first (``encode_object_header``
+    with the payload length) and then its payload in parts (``payload_part``): what a relay needs to
+    pass an object on while it is still arriving. ``remaining`` is what the object begun still owes.
+    """
 
     header: SubgroupHeader
     _prev_object_id: int | None = field(default=None, init=False)
+    remaining: int = field(default=0, init=False)
 
     def encode_header(self) -> bytes:
         return self.header.encode()
@@ -333,6 +364,15 @@ class SubgroupWriter:
     def encode_object(self, object_id: int, payload: Payload = b"", *, extensions: Sequence[KeyValuePair] = (),
                       status: ObjectStatus = ObjectStatus.NORMAL) -> list[Payload]:
         """Object fields then the payload itself (not copied); Object IDs must increase."""
+        _check_object(payload, extensions, status)
+        head = self.encode_object_header(object_id, len(payload), extensions=extensions, status=status)
+        self.remaining = 0
+        return [head, payload] if len(payload) else [head]
+
+    def encode_object_header(self, object_id: int, payload_length: int, *, extensions: Sequence[KeyValuePair] = (),
+                             status: ObjectStatus = ObjectStatus.NORMAL) -> bytes:
+        """The object's fields for a payload of ``payload_length`` octets that follows in parts."""
+        _check_no_object_open(self.remaining)
         prev = self._prev_object_id
         if prev is not None and object_id <= prev:
             raise ValueError(f"Object ID {object_id} does not follow {prev} on this subgroup stream")
@@ -341,21 +381,28 @@ class SubgroupWriter:
             raise ValueError("the first Object ID must equal the Subgroup ID in FIRST_OBJECT mode")
         if extensions and not self.header.extensions_present:
             raise ValueError("this subgroup's header type has no Extension Headers")
-        _check_object(payload, extensions, status)
+        _check_length_status(payload_length, extensions, status)
         head = Writer()
         head.push_varint(object_id if prev is None else object_id - prev - 1)
         if self.header.extensions_present:
             head.push_length_prefixed(encode_kvps(list(extensions)))
-        _push_length_status(head, payload, status)
+        _push_length_status(head, payload_length, status)
         self._prev_object_id = object_id
-        return _object_parts(head, payload)
+        self.remaining = payload_length
+        return head.getvalue()
+
+    def payload_part(self, part: Payload) -> Payload:
+        """Account for the next part of the object begun; returns it (not copied)."""
+        self.remaining = _take_part(self.remaining, part)
+        return part
 
 
 @dataclass(slots=True)
 class FetchWriter:
-    """Encodes the objects of one fetch stream."""
+    """Encodes the objects of one fetch stream (whole, or fields then payload parts: see SubgroupWriter)."""
 
     header: FetchHeader
+    remaining: int = field(default=0, init=False)
 
     def encode_header(self) -> bytes:
         return self.header.encode()
@@ -364,14 +411,32 @@ class FetchWriter:
                       publisher_priority: int = 128, extensions: Sequence[KeyValuePair] = (),
                       status: ObjectStatus = ObjectStatus.NORMAL) -> list[Payload]:
         _check_object(payload, extensions, status)
-        head = Writer()
-        head.push_varint(group_id)
-        head.push_varint(subgroup_id)
-        head.push_varint(object_id)
-        head.push_uint8(publisher_priority)
-        head.push_length_prefixed(encode_kvps(list(extensions)))
-        _push_length_status(head, payload, status)
-        return _object_parts(head, payload)
+        head = self.encode_object_header(group_id, subgroup_id, object_id, len(payload),
+                                         publisher_priority=publisher_priority, extensions=extensions, status=status)
+        self.remaining = 0
+        return [head, payload] if len(payload) else [head]
+
+    def encode_object_header(self, group_id: int, subgroup_id: int, object_id: int, payload_length: int, *,
+                             publisher_priority: int = 128, extensions: Sequence[KeyValuePair] = (),
+                             status: ObjectStatus = ObjectStatus.NORMAL) -> bytes:
+        """The object's fields for a payload of ``payload_length`` octets that follows in parts."""
+        _check_no_object_open(self.remaining)
+        _check_length_status(payload_length, extensions, status)
+        if not 0 <= publisher_priority <= 0xFF:
+            raise ValueError("Publisher Priority is 8 bits")
+        # Built directly rather than through Writer: a relay writes one per object it passes on (hot path).
+        ext = encode_kvps(list(extensions)) if extensions else b""
+        parts = [_varint(group_id), _varint(subgroup_id), _varint(object_id), bytes((publisher_priority,)),
+                 _varint(len(ext)), ext, _varint(payload_length)]
+        if not payload_length:
+            parts.append(_varint(status))
+        self.remaining = payload_length
+        return b"".join(parts)
+
+    def payload_part(self, part: Payload) -> Payload:
+        """Account for the next part of the object begun; returns it (not copied)."""
+        self.remaining = _take_part(self.remaining, part)
+        return part
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,6 +124,16 @@ class MoqtSession(RequestApi):
         return self._core.ids.peer_max
 
     @property
+    def deliver_partial_objects(self) -> bool:
+        """Whether objects come as ``ObjectChunkReceived`` pieces (else whole, as ``ObjectReceived``)."""
+        return self._data.partial
+
+    @deliver_partial_objects.setter
+    def deliver_partial_objects(self, partial: bool) -> None:
+        """Switch before any data stream arrives (an object already begun stays as it was being delivered)."""
+        self._data.partial = partial
+
+    @property
     def goaway_received(self) -> bool:
         return self._core.goaway_received
 
@@ -401,6 +411,52 @@ class MoqtSession(RequestApi):
                                             status=status)
         self._send_parts(stream, parts, end_of_stream)
 
+    def begin_object(self, stream_id: int, object_id: int, payload_length: int, *,
+                     extensions: Sequence[KeyValuePair] = (), status: ObjectStatus = ObjectStatus.NORMAL) -> None:
+        """Send one object's fields on a subgroup stream; its ``payload_length`` octets follow through
+        `send_payload` (a relay passes an object on while it is still arriving: cut-through)."""
+        stream = self._outbound(stream_id)
+        if not isinstance(stream.writer, SubgroupWriter):
+            raise LocalError("use begin_fetch_object on a fetch stream")
+        try:
+            head = stream.writer.encode_object_header(object_id, payload_length, extensions=extensions, status=status)
+        except ValueError as exc:
+            raise LocalError(str(exc)) from exc
+        self._core.send_stream(stream_id, head)
+
+    def begin_fetch_object(self, stream_id: int, group_id: int, subgroup_id: int, object_id: int,
+                           payload_length: int, *, publisher_priority: int = 128,
+                           extensions: Sequence[KeyValuePair] = (), status: ObjectStatus = ObjectStatus.NORMAL) -> None:
+        """As `begin_object`, on a fetch stream."""
+        stream = self._outbound(stream_id)
+        if not isinstance(stream.writer, FetchWriter):
+            raise LocalError("use begin_object on a subgroup stream")
+        try:
+            head = stream.writer.encode_object_header(group_id, subgroup_id, object_id, payload_length,
+                                                      publisher_priority=publisher_priority, extensions=extensions,
+                                                      status=status)
+        except ValueError as exc:
+            raise LocalError(str(exc)) from exc
+        self._core.send_stream(stream_id, head)
+
+    def send_payload(self, stream_id: int, part: Payload, *, end_of_stream: bool = False) -> None:
+        """The next part of the payload of the object begun on ``stream_id`` (handed to QUIC without a
+        copy); ``end_of_stream`` only once the object is complete."""
+        stream = self._outbound(stream_id)
+        size = part.nbytes if isinstance(part, memoryview) else len(part)
+        if end_of_stream and size < stream.writer.remaining:
+            raise LocalError(f"the object still owes {stream.writer.remaining} octets, the part has {size}: "
+                             "no FIN before it is complete")
+        try:
+            stream.writer.payload_part(part)  # raises (and keeps its count) when the part is too long
+        except ValueError as exc:
+            raise LocalError(str(exc)) from exc
+        self._send_parts(stream, [part], end_of_stream)
+
+    def payload_owed(self, stream_id: int) -> int:
+        """Octets the object begun on ``stream_id`` still owes (0: none begun, or complete)."""
+        return self._outbound(stream_id).writer.remaining
+
     def _send_parts(self, stream: OutboundStream, parts: list[Payload], end_of_stream: bool) -> None:
         for index, part in enumerate(parts):
             self._core.send_stream(stream.stream_id, part, end_of_stream and index == len(parts) - 1)
@@ -410,6 +466,8 @@ class MoqtSession(RequestApi):
     def finish_stream(self, stream_id: int) -> None:
         """End a data stream with FIN (for an end-of-group subgroup: the group ends here)."""
         stream = self._outbound(stream_id)
+        if stream.writer.remaining:
+            raise LocalError(f"the object begun still owes {stream.writer.remaining} octets")
         self._core.send_stream(stream_id, b"", True)
         self._stream_finished(stream)
 

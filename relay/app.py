@@ -9,6 +9,7 @@ On shutdown the relay drains: GOAWAY to every peer, ``drain_s`` for them to leav
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Iterable
 
@@ -24,12 +25,12 @@ from kvsp.errors import ValidationError
 from kvsp.moqt_binding import kvsp_token_rule
 from moqt.api import TokenRule
 from moqt.auth import TokenClaims
-from moqt.quic import EndpointConfig, QuicSettings
+from moqt.quic import EndpointConfig
 from moqt.wire import Namespace
 from relay.auth import relay_authorizer
 from relay.core import RelayStats, is_prefix
 from relay.server import Relay
-from relay.settings import RelaySettings
+from relay.settings import RELAY_QUIC, RelaySettings
 from relay.upstream import UpstreamLink
 
 log = logging.getLogger("kvsp.relay.app")
@@ -45,6 +46,7 @@ COUNTERS = {
     "upstream_subscribes": "SUBSCRIBE requests sent upstream",
     "too_far_behind": "Subscriptions ended with TOO_FAR_BEHIND",
     "refused": "Requests refused as unauthorized",
+    "cut_through": "Objects passed on piece by piece while they were still arriving",
 }
 GAUGES = {
     "subscribers": "Downstream subscriptions being served",
@@ -76,8 +78,7 @@ class RelayRole:
             raise ValidationError("tls", "the relay needs [tls]: every MOQT session is mutually authenticated (D3)")
         self.settings = settings
         keys = tuple(load_token_key(path) for path in settings.token_keys)
-        # control back every 16 datagrams rather than 64: objects are forwarded sooner (first-object latency)
-        quic = QuicSettings(idle_timeout_s=settings.idle_timeout_s, recv_batch=16)
+        quic = dataclasses.replace(RELAY_QUIC, idle_timeout_s=settings.idle_timeout_s)
         self.endpoint_config = EndpointConfig.from_files(tls.cert, tls.key, tls.ca, quic, token_keys=keys)
         opened = settings.open_prefixes
         self.relay = Relay(settings, authorize=relay_authorizer(config.policy, peers=settings.peers,

@@ -285,6 +285,7 @@ class RelayStats:
     too_far_behind: int = 0
     refused: int = 0
     publishers: int = 0
+    cut_through: int = 0  # objects passed on piece by piece as they arrived (relay.cutthrough)
 
     def received(self, obj: MoqtObject) -> None:
         self.objects_in += 1

@@ -32,6 +32,7 @@ from moqt.api import (
     Authorizer,
     Endpoint,
     FetchRefused,
+    Link,
     MoqtObject,
     ObjectStream,
     Publisher,
@@ -60,6 +61,7 @@ from moqt.messages import (
 from moqt.profile import (
     FetchErrorCode,
     FilterType,
+    GroupOrder,
     PublishErrorCode,
     PublishNamespaceErrorCode,
     SessionErrorCode,
@@ -67,8 +69,10 @@ from moqt.profile import (
     SubscribeErrorCode,
     SubscribeNamespaceErrorCode,
 )
+from moqt.session import MoqtSession
 from moqt.wire import Location, Namespace
 from relay.core import NamespaceTable, ObjectCache, RelayStats, TrackKey, is_prefix
+from relay.cutthrough import CutThrough, ForwardingAssembler, flush
 from relay.fanout import Downstream, RelayTrack, serve_downstream
 from relay.settings import RelaySettings
 
@@ -152,8 +156,10 @@ class Relay(Publisher):
         session = endpoint.session
         session.fetch_ok(request_id, end_location, end_of_track=end_of_track)
         stream = session.open_fetch_stream(request_id)
-        for obj in objects:
+        for index, obj in enumerate(objects):
             await self._send_fetch_object(endpoint, stream, obj)
+            if index == 0 and len(objects) > 1:
+                flush(endpoint.link)  # the first object leaves before the rest are queued behind it
         session.finish_stream(stream)
 
     async def _send_fetch_object(self, endpoint: Endpoint, stream: int, obj: MoqtObject) -> None:
@@ -184,16 +190,18 @@ class Relay(Publisher):
 
     async def _fetch_from(self, upstream: Endpoint, endpoint: Endpoint, message: Fetch, request: StandaloneFetch, *,
                           last: bool) -> bool:
-        """One upstream FETCH forwarded downstream; False when it said "not here" and others remain."""
+        """One upstream FETCH forwarded downstream; False when it said "not here" and others remain.
+
+        Pieces are passed on as they arrive (``relay.cutthrough``, which also sends FETCH_OK and opens
+        the stream); this task paces the upstream by the downstream's drain and keeps the objects for
+        the cache."""
         session, request_id = endpoint.session, message.request_id
         self.stats.upstream_fetches += 1
-        subscriber = Subscriber(upstream, timeout_s=self.relay_settings.upstream_timeout_s)
-        stream: int | None = None
+        cut = CutThrough(endpoint, request_id)
         kept: list[MoqtObject] = []
         try:
-            upstream_fetch = subscriber.fetch(request.track_namespace, request.track_name, request.start,
-                                              request.end, priority=message.subscriber_priority)
-        except LocalError as exc:  # that session takes no more requests (blocked, GOAWAY, closing)
+            upstream_fetch = self._upstream_fetch(upstream, request, message.subscriber_priority, cut)
+        except (LocalError, TransferError) as exc:  # that session takes no more requests (blocked, GOAWAY, lost)
             if not last:
                 return False
             session.fetch_error(request_id, FetchErrorCode.INTERNAL_ERROR, f"no upstream takes the FETCH: {exc}")
@@ -203,12 +211,16 @@ class Relay(Publisher):
                 ok = await objects.answered()
                 if not isinstance(ok, FetchOk):
                     raise TransferError(0, "the upstream FETCH ended without FETCH_OK")
-                session.fetch_ok(request_id, ok.end_location, end_of_track=ok.end_of_track)
-                stream = session.open_fetch_stream(request_id)
+                stream = cut.open(ok)
                 async for obj in objects:
+                    if cut.error is not None:
+                        raise cut.error
                     self.stats.received(obj)
+                    self.stats.sent(obj)
                     kept.append(obj)
-                    await self._send_fetch_object(endpoint, stream, obj)
+                    await endpoint.link.drain(stream)
+            if cut.error is not None:
+                raise cut.error
             session.finish_stream(stream)
         except FetchRefused as exc:
             if exc.not_found and not last:
@@ -217,14 +229,29 @@ class Relay(Publisher):
             return True
         except (TransferError, TimeoutError) as exc:
             log.info("upstream FETCH failed: %s", exc)
-            if stream is None:
+            if cut.stream is None:
                 session.fetch_error(request_id, FetchErrorCode.INTERNAL_ERROR, "the upstream FETCH failed")
             else:
-                session.reset_stream(stream, StreamResetCode.INTERNAL_ERROR)
+                session.reset_stream(cut.stream, StreamResetCode.INTERNAL_ERROR)
             return True
+        finally:
+            cut.error = cut.error or LocalError("the FETCH is over")  # no more writes from late pieces
+            self.stats.cut_through += cut.forwarded_objects
         self.cache.store((request.track_namespace, request.track_name), request.start, request.end, kept,
                          self._clock(), ok_end=ok.end_location, end_of_track=ok.end_of_track)
         return True
+
+    def _upstream_fetch(self, upstream: Endpoint, request: StandaloneFetch, priority: int,
+                        cut: CutThrough) -> ObjectStream:
+        """``Subscriber.fetch``, with an assembler that shows every piece to ``cut`` as it arrives."""
+        if upstream.closed_error is not None:
+            raise upstream.closed_error
+        request_id = upstream.session.fetch(request.track_namespace, request.track_name, request.start, request.end,
+                                            subscriber_priority=priority, group_order=GroupOrder.ASCENDING)
+        tracker = cut.upstream = RequestTracker(RequestKind.FETCH)
+        inbox = upstream.open_inbox(request_id, tracker, ForwardingAssembler(cut))
+        flush(upstream.link)  # the request leaves now, not one event-loop turn later (first-object latency)
+        return ObjectStream(upstream, request_id, inbox, self.relay_settings.upstream_timeout_s)
 
     async def _relay_subscribe(self, endpoint: Endpoint, message: Subscribe) -> None:
         session, request_id = endpoint.session, message.request_id
@@ -383,6 +410,11 @@ class Relay(Publisher):
             endpoint.terminated(SessionErrorCode.INTERNAL_ERROR, "relay draining")
             return
         super().on_setup(endpoint, event)
+
+    def attach(self, link: Link, session: MoqtSession) -> Endpoint:
+        """Every session of the relay delivers objects in pieces, so that they can be passed on cut-through."""
+        session.deliver_partial_objects = True
+        return super().attach(link, session)
 
     def on_closed(self, endpoint: Endpoint) -> None:
         super().on_closed(endpoint)

@@ -7,6 +7,8 @@ tests (test_relay_processes.py) run the relays as ``kvsp serve relay`` processes
 from __future__ import annotations
 
 import asyncio
+import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from moqt.api import (
     NamespaceRefused,
     Publisher,
     SetupRefused,
+    StoredTrack,
     Subscriber,
     SubscribeRefused,
     SubscriptionEnded,
@@ -98,6 +101,84 @@ async def test_chain_of_relays_rack_b_spine_rack_a(pki: DevPki) -> None:
         await publisher.close()
         for node in (rack_b, rack_a, spine):
             await node.close()
+
+
+async def test_objects_larger_than_a_datagram_cross_two_relays_cut_through(pki: DevPki) -> None:
+    """Objects of several datagrams are passed on piece by piece at each hop, arrive intact, and the
+    copy assembled for the cache is intact too (the second FETCH is a hit at rack B)."""
+    spine = await start_relay(pki, "spine", peers=("relay-a", "relay-b"))
+    rack_a = await start_relay(pki, "relay-a", upstream=(spine.uri,), peers=("spine",))
+    rack_b = await start_relay(pki, "relay-b", upstream=(spine.uri,), peers=("spine",))
+    source = CountingSource()
+    namespace = block_namespace(pki.uri("pub"), 9)
+    sent = [MoqtObject(0, i, memoryview(os.urandom(300_000 + i))) for i in range(3)]
+    source.put(namespace, TRACK, sent)
+    publisher = await start_publisher(pki, rack_a.uri, source)
+    try:
+        await wait_for(lambda: spine.relay.table.route(namespace) != [])
+        async with subscriber(pki, rack_b.uri) as sub:
+            first = await fetch_all(sub, namespace, 3)
+            second = await fetch_all(sub, namespace, 3)
+        assert [bytes(o.payload) for o in first] == [bytes(o.payload) for o in sent]
+        assert [bytes(o.payload) for o in second] == [bytes(o.payload) for o in sent]
+        assert rack_b.relay.stats.cache_hits == 1
+        for node in (rack_b, spine, rack_a):  # rack A relays the FETCH to the publisher's session
+            assert node.relay.stats.cut_through >= 1, node.relay.stats.to_json()
+            assert node.relay.stats.objects_in == 3
+    finally:
+        await publisher.close()
+        for node in (rack_b, rack_a, spine):
+            await node.close()
+
+
+class FailingTrack:
+    """A stored track whose read fails after ``good`` objects: the publisher resets the fetch stream."""
+
+    def __init__(self, objects: list[MoqtObject], good: int) -> None:
+        self.objects, self.good = objects, good
+        self.complete = True
+
+    @property
+    def largest(self) -> Location | None:
+        return self.objects[-1].location
+
+    async def read(self, start: Location, end: Location) -> AsyncIterator[MoqtObject]:
+        for obj in self.objects[: self.good]:
+            yield obj
+        await asyncio.sleep(0.3)  # the good objects reach the subscriber before the reset overtakes them
+        raise OSError("the block store failed mid-read")
+
+
+class FailingSource(CountingSource):
+    def __init__(self, track: FailingTrack) -> None:
+        super().__init__()
+        self.track = track
+
+    async def lookup(self, namespace: tuple[bytes, ...], track_name: bytes) -> StoredTrack | None:
+        self.lookups += 1
+        return self.track
+
+
+async def test_upstream_fetch_failing_after_cut_through_resets_downstream_and_caches_nothing(pki: DevPki) -> None:
+    node = await start_relay(pki, "relay-a")
+    sent = [MoqtObject(0, i, memoryview(os.urandom(200_000))) for i in range(4)]
+    source = FailingSource(FailingTrack(sent, good=2))
+    namespace = block_namespace(pki.uri("pub"), 10)
+    publisher = await start_publisher(pki, node.uri, source)
+    try:
+        async with subscriber(pki, node.uri) as sub:
+            for attempt in (1, 2):
+                received: list[bytes] = []
+                with pytest.raises(TransferError):
+                    async with sub.fetch(namespace, TRACK, Location(0, 0), Location(0, 4)) as objects:
+                        async for obj in objects:
+                            received.append(bytes(obj.payload))
+                assert received == [bytes(o.payload) for o in sent[:2]]  # what came was intact, then the reset
+                assert source.lookups == attempt  # nothing was cached: the second FETCH went upstream again
+        assert node.relay.stats.cut_through >= 1 and node.relay.stats.cache_hits == 0
+    finally:
+        await publisher.close()
+        await node.close()
 
 
 async def wait_for(condition: object, timeout: float = 10.0) -> None:
