@@ -15,6 +15,10 @@ connected to the relay, and the subscribers (this process). Mutual TLS 1.3 throu
   relay passes pieces on as they arrive (``relay.cutthrough``); ``relay_cut_through_objects`` counts them.
 * ``relay_hit_first_object`` / ``relay_hit_block``: the same through the relay on a cache hit against
   direct (no goal): what every reader in the rack after the first one gets.
+* ``chain_miss_vs_one_relay`` / ``chain_hit_vs_direct`` / ``chain_upstream_fetches``: a second relay (a rack
+  relay) whose upstream is the first (the spine): a FETCH through both (miss at both hops) against a
+  miss through one relay, and the repeated FETCH at the rack relay (a hit: no upstream request, counted)
+  against direct. No latency goal for two hops; the goal is that the repeat sends nothing upstream.
 * ``cpu_per_block_miss_vs_direct``: CPU seconds per block of all three processes (``cpu_ms`` per process),
   via the relay (miss) against direct; when the cores are saturated, ``relay_hop_block`` cannot beat its
   inverse.
@@ -50,11 +54,13 @@ from moqt.wire import Location, Namespace
 from relay.core import RelayStats
 from relay.server import Relay
 from relay.settings import RELAY_QUIC, RelaySettings
+from relay.upstream import UpstreamLink
 
 MiB = 1 << 20
 OBJECT = 64 << 10
 LAYERS = 32
-ROLES = {"relay": "moqt://127.0.0.1/relay", "publisher": "https://127.0.0.1/bench-publisher/",
+ROLES = {"relay": "moqt://127.0.0.1/relay", "relay2": "moqt://127.0.0.1/relay2",
+         "publisher": "https://127.0.0.1/bench-publisher/",
          "subscriber": "https://bench-subscriber.test/"}
 TRACK = b"raw"
 PROFILED_MISSES = 10
@@ -74,11 +80,17 @@ def live_ns(name: str) -> Namespace:
 
 
 # -- the relay process ---------------------------------------------------------------------------------
-async def _relay_main(pki: Path, conn: Connection, quic: QuicSettings) -> None:
-    settings = RelaySettings("127.0.0.1", 0, "moqt://127.0.0.1:1/relay", cache_octets=1 << 30,
+async def _relay_main(pki: Path, conn: Connection, quic: QuicSettings, name: str = "relay",
+                      upstream: tuple[str, ...] = ()) -> None:
+    settings = RelaySettings("127.0.0.1", 0, f"moqt://127.0.0.1:1/{name}", upstream=upstream, cache_octets=1 << 30,
                              subscriber_buffer_octets=512 * MiB)
     relay = Relay(settings, authorize=allow_authenticated)
-    conn.send(await relay.listen("127.0.0.1", 0, _config(pki, "relay", quic)))
+    port = await relay.listen("127.0.0.1", 0, _config(pki, name, quic))
+    links = [UpstreamLink(relay, uri, _config(pki, name, quic)) for uri in upstream]  # as relay.app does
+    for link in links:
+        link.start()
+        await link.wait_connected(30.0)
+    conn.send(port)
     profile: cProfile.Profile | None = None
     while (command := await asyncio.to_thread(conn.recv)) != "stop":
         if command == "profile":  # the relay's event loop only (conn.recv waits in another thread)
@@ -99,11 +111,14 @@ async def _relay_main(pki: Path, conn: Connection, quic: QuicSettings) -> None:
                 if name != "subscribers":
                     setattr(relay.stats, name, 0)
             conn.send("ok")
+    for link in links:
+        await link.close()
     await relay.close()
 
 
-def _relay_process(pki: str, conn: Connection, quic: QuicSettings) -> None:
-    asyncio.run(_relay_main(Path(pki), conn, quic))
+def _relay_process(pki: str, conn: Connection, quic: QuicSettings, name: str = "relay",
+                   upstream: tuple[str, ...] = ()) -> None:
+    asyncio.run(_relay_main(Path(pki), conn, quic, name, upstream))
 
 
 # -- the publisher process -----------------------------------------------------------------------------
@@ -283,6 +298,41 @@ async def _cpu_rows(bench: Bench, first_block: int, count: int) -> list[dict[str
     return [row]
 
 
+async def _chain_rows(bench: Bench, chain: Subscriber, rack: Connection, first_block: int,
+                      reps: int) -> list[dict[str, object]]:
+    """Through two relays (rack -> spine -> publisher) against one relay and against direct."""
+    times: dict[str, list[float]] = {k: [] for k in ("chain_miss", "one_miss", "chain_hit", "direct")}
+    hit_upstream = 0
+    block = first_block
+    for rep in range(reps + 1):
+        _, chain_miss = await bench.fetch(chain, block)  # misses at the rack relay and at the spine
+        before = await bench.ask(rack, "stats")
+        _, chain_hit = await bench.fetch(chain, block)  # the rack relay's cache
+        after = await bench.ask(rack, "stats")
+        assert isinstance(before, dict) and isinstance(after, dict)
+        hit_upstream += after["upstream_fetches"] - before["upstream_fetches"]
+        _, one_miss = await bench.fetch(bench.subscribers[0], block + 1)  # a miss through the spine alone
+        _, direct = await bench.fetch(bench.direct, block + 1)
+        block += 2
+        if rep:  # the first round warms up
+            for key, value in (("chain_miss", chain_miss), ("one_miss", one_miss), ("chain_hit", chain_hit),
+                               ("direct", direct)):
+                times[key].append(value)
+    t = {key: Sample.of(values) for key, values in times.items()}
+    upstream = case("chain_upstream_fetches", float(hit_upstream), None,
+                    "a repeated FETCH at the rack relay sends nothing upstream (upstream_fetches == 0)", unit="count")
+    upstream["upstream_fetches"] = hit_upstream
+    add_check(upstream, "upstream_fetches", "<=", 0)
+    return [
+        case("chain_miss_vs_one_relay", t["chain_miss"], t["one_miss"],
+             "two relays (miss at both) vs one relay (miss): the cost of the second hop (no goal)"),
+        case("chain_hit_vs_direct", t["chain_hit"], t["direct"],
+             "rack relay cache hit behind a spine vs direct from the publisher (no goal; ratio = direct / chain)",
+             higher_is_better=True),
+        upstream,
+    ]
+
+
 async def _profile_misses(bench: Bench, path: str, first_block: int, count: int) -> None:
     """cProfile of the relay process over ``count`` FETCH misses (nothing else runs meanwhile)."""
     await bench.ask(bench.relay, "profile")
@@ -291,27 +341,30 @@ async def _profile_misses(bench: Bench, path: str, first_block: int, count: int)
     await bench.ask(bench.relay, ("profile_dump", path))
 
 
-async def _measure(pki: Path, ports: tuple[int, int], relay: Connection, publisher: Connection,
-                   options: Options) -> list[dict[str, object]]:
-    relay_port, publisher_port = ports
+async def _measure(pki: Path, ports: tuple[int, int, int], relay: Connection, publisher: Connection,
+                   rack: Connection, options: Options) -> list[dict[str, object]]:
+    relay_port, publisher_port, rack_port = ports
     config = _config(pki, "subscriber", BLOCK_CLIENT_QUIC)  # as the block client reads blocks
     relay_uri = f"moqt://127.0.0.1:{relay_port}/relay"
     subscribers = [await Subscriber.connect(relay_uri, config, timeout_s=120) for _ in range(16)]
     direct = await Subscriber.connect(f"moqt://127.0.0.1:{publisher_port}/", config, timeout_s=120)
+    chain = await Subscriber.connect(f"moqt://127.0.0.1:{rack_port}/relay2", config, timeout_s=120)
     bench = Bench(relay, publisher, subscribers, direct)
     try:
         rows = [] if options.fetch_only else await _fanout_rows(bench, options.octets, options.reps)
         rows += await _fetch_rows(bench, options.reps)
         rows += await _cpu_rows(bench, 2 * (options.reps + 1), CPU_BLOCKS)
+        chain_first = 2 * (options.reps + 1) + CPU_BLOCKS
+        rows += await _chain_rows(bench, chain, rack, chain_first, options.reps)
         if options.profile is not None:
-            await _profile_misses(bench, options.profile, 2 * (options.reps + 1) + CPU_BLOCKS, PROFILED_MISSES)
+            await _profile_misses(bench, options.profile, chain_first + 2 * (options.reps + 1), PROFILED_MISSES)
         stats = await bench.ask(relay, "stats")
         assert isinstance(stats, dict)
         hop = next(row for row in rows if row["case"] == "relay_hop_block")
         hop["relay_cut_through_objects"] = stats["cut_through"]  # objects passed on piece by piece
         return rows
     finally:
-        for sub in [*subscribers, direct]:
+        for sub in [*subscribers, direct, chain]:
             await sub.close()
 
 
@@ -346,18 +399,25 @@ def run(quick: bool = False, options: Options | None = None) -> dict[str, object
         relay = ctx.Process(target=_relay_process, args=(tmp, relay_child, options.relay_quic), daemon=True)
         relay.start()
         publisher: mp.process.BaseProcess | None = None
-        blocks = 2 * (options.reps + 1) + CPU_BLOCKS + (PROFILED_MISSES if options.profile else 0)
+        blocks = 4 * (options.reps + 1) + CPU_BLOCKS + (PROFILED_MISSES if options.profile else 0)
+        rack_conn, rack_child = ctx.Pipe()
+        rack: mp.process.BaseProcess | None = None
         try:
             relay_port: int = relay_conn.recv()
+            rack = ctx.Process(target=_relay_process, daemon=True, args=(
+                tmp, rack_child, options.relay_quic, "relay2", (f"moqt://127.0.0.1:{relay_port}/relay",)))
+            rack.start()
+            rack_port: int = rack_conn.recv()
             publisher = ctx.Process(target=_publisher_process, daemon=True,
                                     args=(tmp, f"moqt://127.0.0.1:{relay_port}/relay", blocks, pub_child))
             publisher.start()
             publisher_port: int = pub_conn.recv()
-            rows = asyncio.run(_measure(pki, (relay_port, publisher_port), relay_conn, pub_conn, options))
+            rows = asyncio.run(_measure(pki, (relay_port, publisher_port, rack_port), relay_conn, pub_conn, rack_conn,
+                                        options))
         finally:
-            for conn in (pub_conn, relay_conn):
+            for conn in (pub_conn, rack_conn, relay_conn):
                 conn.send("stop")
-            for proc in (publisher, relay):
+            for proc in (publisher, rack, relay):
                 if proc is not None:
                     proc.join(10)
                     if proc.is_alive():
