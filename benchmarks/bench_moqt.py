@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import cProfile
+import dataclasses
 import functools
 import hashlib
 import json
@@ -68,7 +69,7 @@ from kvsp.client.holder import BlockMiss, HolderClient, HolderOptions
 from kvsp.client.http import KvspSession
 from kvsp.client.moqt import MoqtBlockClient
 from kvsp.client.verify import format_repr_digest
-from kvsp.container import decode_container, encode_container
+from kvsp.container import LayerRange, decode_container, encode_container
 from kvsp.descriptor import CompatDescriptor
 from kvsp.identifiers import TrackNamespace, role_id
 from kvsp.moqt_binding import LiveBlockPublisher, kvsp_authorizer, kvsp_token_rule
@@ -76,7 +77,7 @@ from kvsp.pki import RoleSpec, make_dev_pki
 from kvsp.records import ReplicaRecord, Residency
 from kvsp.registry import Codec, Tier
 from moqt.api import Publisher, PublisherSettings
-from moqt.quic import EndpointConfig, QuicSettings
+from moqt.quic import EndpointConfig, MoqtConnection, QuicSettings
 from moqt.tls import HANDSHAKE_DATAGRAM_SIZE
 
 MiB = 1 << 20
@@ -88,6 +89,7 @@ DESCRIPTORS = {mib: CompatDescriptor(model=f"bench-model-{mib}", model_digest=by
                for mib in (2, 16)}
 DESCRIPTOR = DESCRIPTORS[2]
 ROLES = ("holder", "layered", "client")
+COUNTERS = ("datagrams_sent", "datagrams_received", "transmits")
 
 
 def key(i: int, mib: int = 2) -> bytes:
@@ -118,6 +120,7 @@ class Setup:
     moqt_port: int
     live_port: int
     small_port: int
+    capped_port: int
 
     @property
     def moqt_uri(self) -> str:
@@ -126,6 +129,10 @@ class Setup:
     @property
     def small_uri(self) -> str:
         return f"moqt://127.0.0.1:{self.small_port}/holder"
+
+    @property
+    def capped_uri(self) -> str:
+        return f"moqt://127.0.0.1:{self.capped_port}/holder"
 
     @property
     def live_uri(self) -> str:
@@ -137,8 +144,11 @@ class Setup:
     def port(self, name: str) -> int:
         return int(self.uris[name].split(":")[2].split("/")[0])
 
-    def record(self, i: int, mib: int, *, moqt: bool, small: bool = False) -> ReplicaRecord:
-        return _record(self.uris["holder"], (self.small_uri if small else self.moqt_uri) if moqt else None, i, mib)
+    def record(self, i: int, mib: int, *, moqt: bool, variant: str = "") -> ReplicaRecord:
+        """``variant``: "" the holder's own listener, "small" 16000-octet datagrams, "capped" a
+        4 MiB congestion-window cap (the "before" rows measured in the same run)."""
+        uri = {"": self.moqt_uri, "small": self.small_uri, "capped": self.capped_uri}[variant]
+        return _record(self.uris["holder"], uri if moqt else None, i, mib)
 
     def live_namespace(self, n: int) -> TrackNamespace:
         return TrackNamespace(DESCRIPTOR.compat_id, SCOPE, role_id(self.uris["layered"]), key(1000 + n))
@@ -223,7 +233,10 @@ async def _serve(setup: Setup, pipe: Any) -> None:
         await web.TCPSite(runner, "127.0.0.1", setup.port(role), ssl_context=server_context(setup.files(role))).start()
     live = _LiveProducer(setup)
     await live.listen()
-    small = await _small_publisher(setup, runners[0][0].app)
+    small = await _variant_publisher(setup, runners[0][0].app, setup.small_port,
+                                     QuicSettings(loopback_datagram_size=HANDSHAKE_DATAGRAM_SIZE))
+    capped = await _variant_publisher(setup, runners[0][0].app, setup.capped_port,
+                                      QuicSettings(max_flight_bytes=4 << 20))
     pipe.send("ready")
     loop = asyncio.get_running_loop()
     profiler: cProfile.Profile | None = None
@@ -238,6 +251,9 @@ async def _serve(setup: Setup, pipe: Any) -> None:
             pipe.send(summarize(profiler))
         elif verb == "cpu":
             pipe.send(time.process_time())
+        elif verb == "quic":
+            server = runners[0][0].app[HOLDER_MOQT].publisher.server
+            pipe.send([quic_state(conn) for conn in server.connections] if server is not None else [])
         elif verb == "prepare":
             live.prepare(int(args[0]))
             pipe.send("prepared")
@@ -245,25 +261,34 @@ async def _serve(setup: Setup, pipe: Any) -> None:
             pipe.send(await live.produce(int(args[0]), float(args[1])))
     await live.publisher.close()
     await small.close()
+    await capped.close()
     for runner, _ in runners:
         await runner.cleanup()
 
 
-async def _small_publisher(setup: Setup, app: web.Application | None) -> Publisher:
-    """The holder's blocks once more, in the datagrams stock aioquic is limited to (16000 octets): the
-    "before" of ``datagram-*`` (the holder's own listener uses 64 KiB datagrams on loopback)."""
+async def _variant_publisher(setup: Setup, app: web.Application | None, port: int,
+                             settings: QuicSettings) -> Publisher:
+    """The holder's blocks once more, with other QUIC settings: the "before" of ``datagram-*`` (16000-octet
+    datagrams, stock aioquic's limit) and of ``flight-cap-*`` (no congestion-window cap)."""
     assert app is not None
     holder = app[HOLDER_MOQT]
     publisher = Publisher(HolderTrackSource(holder.holder, holder.holder_id),
                           authorize=kvsp_authorizer(lambda identity, scope: scope == SCOPE),
                           token_rule=kvsp_token_rule, settings=PublisherSettings(path="/holder"))
     files = setup.files("holder")
-    await publisher.listen("127.0.0.1", setup.small_port, EndpointConfig.from_files(
-        files.cert, files.key, files.ca, QuicSettings(loopback_datagram_size=HANDSHAKE_DATAGRAM_SIZE)))
+    await publisher.listen("127.0.0.1", port, EndpointConfig.from_files(files.cert, files.key, files.ca, settings))
     return publisher
 
 
-def _serve_main(directory: str, uris: dict[str, str], ports: tuple[int, int, int], pipe: Any) -> None:
+def quic_state(conn: MoqtConnection[Any]) -> dict[str, object]:
+    """Congestion state and counters of one connection (aioquic internals; diagnostics only)."""
+    loss = conn.quic._loss
+    ssthresh = getattr(loss._cc, "ssthresh", None)
+    return {"cwnd": loss.congestion_window, "ssthresh": ssthresh, "in_flight": loss.bytes_in_flight,
+            "srtt_ms": round(loss._rtt_smoothed * 1e3, 3), "stats": dataclasses.asdict(conn.stats)}
+
+
+def _serve_main(directory: str, uris: dict[str, str], ports: tuple[int, int, int, int], pipe: Any) -> None:
     uvloop.run(_serve(Setup(Path(directory), uris, *ports), pipe))
 
 
@@ -339,11 +364,39 @@ class Clients:
         if isinstance(answer, BlockMiss) or not answer.replica_verified:
             raise RuntimeError(f"MOQT fetch of block {i}: {answer}")
 
+    async def one_layer_moqt(self, i: int, mib: int) -> None:
+        record = self.setup.record(i, mib, moqt=True)
+        answer = await self.moqt.fetch_block(record, layers=LayerRange(0, 0), token_count=DESCRIPTORS[mib].block_tokens)
+        if isinstance(answer, BlockMiss) or len(answer.container.layers) != 1:
+            raise RuntimeError(f"MOQT fetch of layer 0 of block {i}: {answer}")
+
+    async def one_layer_https(self, i: int, mib: int) -> None:
+        record = self.setup.record(i, mib, moqt=False)
+        answer = await self.https.get_block(record.holder, DESCRIPTORS[mib].compat_id, SCOPE, key(i, mib),
+                                            layers=LayerRange(0, 0), expect=record)
+        if isinstance(answer, BlockMiss) or len(answer.container.layers) != 1:
+            raise RuntimeError(f"HTTPS fetch of layer 0 of block {i}: {answer}")
+
+    def moqt_counters(self) -> dict[str, int]:
+        """Datagrams and transmits so far: the client's connection to the holder and the holder's."""
+        conn = self.moqt._subscribers[self.setup.moqt_uri].endpoint.link
+        assert isinstance(conn, MoqtConnection)
+        server = self._ask("quic")
+        counters = {f"client_{k}": getattr(conn.stats, k) for k in COUNTERS}
+        counters.update({f"server_{k}": sum(int(c["stats"][k]) for c in server) for k in COUNTERS})
+        return counters
+
     async def via_small(self, i: int, mib: int) -> None:
-        record = self.setup.record(i, mib, moqt=True, small=True)
+        await self._via_variant(i, mib, "small")
+
+    async def via_capped(self, i: int, mib: int) -> None:
+        await self._via_variant(i, mib, "capped")
+
+    async def _via_variant(self, i: int, mib: int, variant: str) -> None:
+        record = self.setup.record(i, mib, moqt=True, variant=variant)
         answer = await self.moqt.fetch_block(record, token_count=DESCRIPTORS[mib].block_tokens)
         if isinstance(answer, BlockMiss) or not answer.replica_verified:
-            raise RuntimeError(f"MOQT fetch of block {i} (16000-octet datagrams): {answer}")
+            raise RuntimeError(f"MOQT fetch of block {i} ({variant} listener): {answer}")
 
     async def via_https(self, i: int, mib: int) -> None:
         record = self.setup.record(i, mib, moqt=False)
@@ -442,6 +495,45 @@ def _datagram_row(runner: asyncio.Runner, clients: Clients, mib: int, quick: boo
     return row
 
 
+def _per_fetch_row(runner: asyncio.Runner, clients: Clients, quick: bool) -> dict[str, object]:
+    """The fixed cost of a fetch: layer 0 (64 KiB) of a 2 MiB block, MOQT vs HTTPS, one at a time; CPU of
+    both processes per fetch, and datagrams and transmits per MOQT fetch on each end."""
+    requests, reps = (16, 3) if quick else (64, 9)
+
+    def batch(fetch: Callable[[int, int], Awaitable[None]]) -> Callable[[], object]:
+        return lambda: runner.run(_many(functools.partial(lambda f, i: f(i, 2), fetch), requests, 1))
+
+    moqt_batch = batch(clients.one_layer_moqt)
+    moqt_batch()  # the connection exists before its counters are read
+    before = clients.moqt_counters()
+    moqt, https, cpu = _paired(moqt_batch, batch(clients.one_layer_https), reps, clients.server_cpu)
+    after = clients.moqt_counters()
+    row = case("one-layer-2MiB-c1", moqt, https,
+               "informational: the fixed cost of a fetch, layer 0 of a 2 MiB block (ratio > 1: MOQT is faster)",
+               unit="s per batch", higher_is_better=True)
+    row["cpu_ms_per_fetch"] = {"moqt": round(cpu[0] / requests * 1e3, 3), "https": round(cpu[1] / requests * 1e3, 3)}
+    fetches = requests * (reps + 1)
+    row["per_moqt_fetch"] = {k: round((after[k] - before[k]) / fetches, 2) for k in after}
+    return row
+
+
+def _flight_cap_row(runner: asyncio.Runner, clients: Clients, mib: int, quick: bool) -> dict[str, object]:
+    """A 4 MiB congestion-window cap (``QuicSettings.max_flight_bytes``, off by default) against the holder's
+    listener without one, 8 fetches at once (where bursts overflow the client's socket buffer)."""
+    requests, reps = max(8, (16 if quick else 64) // mib), 3 if quick else 9
+
+    def batch(fetch: Callable[[int, int], Awaitable[None]]) -> Callable[[], object]:
+        return lambda: runner.run(_many(functools.partial(lambda f, i: f(i, mib), fetch), requests, 8))
+
+    capped, uncapped, cpu = _paired(batch(clients.via_capped), batch(clients.via_moqt), reps, clients.server_cpu)
+    row = case(f"flight-cap-{mib}MiB-c8", capped, uncapped,
+               "informational: MOQT fetch with the window capped at 4 MiB vs uncapped (ratio > 1: the cap is faster)",
+               unit="s per batch", higher_is_better=True)
+    row["cpu_ms_per_block"] = {"capped": round(cpu[0] / requests * 1e3, 2),
+                               "uncapped": round(cpu[1] / requests * 1e3, 2)}
+    return row
+
+
 def _throughput_row(runner: asyncio.Runner, clients: Clients, mib: int, concurrency: int,
                     quick: bool) -> dict[str, object]:
     requests = max(concurrency, (16 if quick else 64) // mib)
@@ -523,6 +615,8 @@ def _measure(setup: Setup, pipe: Any, quick: bool) -> tuple[list[dict[str, objec
                     rows.append(_first_layer_row(runner, clients, mib, concurrency, quick))
             rows.append(_live_row(runner, clients, quick))
             rows.extend(_datagram_row(runner, clients, mib, quick) for mib in DESCRIPTORS)
+            rows.extend(_flight_cap_row(runner, clients, mib, quick) for mib in DESCRIPTORS)
+            rows.append(_per_fetch_row(runner, clients, quick))
             profile = _profile(runner, clients, pipe, 16 if quick else 64)
         finally:
             runner.run(clients.moqt.close())
@@ -547,11 +641,12 @@ def run(quick: bool = False) -> dict[str, object]:
         make_dev_pki(directory, [RoleSpec(n, u) for n, u in uris.items()])
         for mib, descriptor in DESCRIPTORS.items():
             (directory / f"descriptor-{mib}.json").write_text(json.dumps(descriptor.to_json()))
-        setup = Setup(directory, uris, *(_free_port(socket.SOCK_DGRAM) for _ in range(3)))
+        setup = Setup(directory, uris, *(_free_port(socket.SOCK_DGRAM) for _ in range(4)))
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
         server = ctx.Process(target=_serve_main, daemon=True,
-                             args=(tmp, uris, (setup.moqt_port, setup.live_port, setup.small_port), child))
+                             args=(tmp, uris, (setup.moqt_port, setup.live_port, setup.small_port, setup.capped_port),
+                                   child))
         server.start()
         try:
             if not parent.poll(60) or parent.recv() != "ready":

@@ -168,6 +168,8 @@ class QuicSettings:
     send_high_water: int = 4 << 20  # write() keeps at most this much unacknowledged per stream; resumes at 1/2
     recv_batch: int = 64  # datagrams read per socket wake-up before one transmit
     ack_delay_s: float = 0.001  # how long a receiver may hold an ACK back (aioquic's value; below 25 ms)
+    max_flight_bytes: int | None = None  # congestion window cap (None: aioquic's unbounded slow start); see
+    # moqt.tls.capped_congestion_control: avoids loopback bursts beyond the peer's socket buffer, no gain measured
     gso: bool = False  # UDP GSO on Linux (moqt/udp.py): no gain measured here (docs/moqt-performance.md)
     handshake_timeout_s: float = 10.0
     auth_timeout_s: float = 10.0  # how long a client without certificate has to present a valid token (D3)
@@ -177,6 +179,8 @@ class QuicSettings:
             object.__setattr__(self, name, _clamp_datagram(name, getattr(self, name)))
         if min(self.max_data, self.max_stream_data, self.send_high_water, self.recv_batch) <= 0:
             raise ValueError("flow-control windows, send_high_water and recv_batch must be positive")
+        if self.max_flight_bytes is not None and self.max_flight_bytes < 4 * self.loopback_datagram_size:
+            raise ValueError("max_flight_bytes must allow at least 4 datagrams of loopback_datagram_size")
         if not 0 <= self.ack_delay_s < 0.025:
             raise ValueError("ack_delay_s must be within [0, 0.025): aioquic announces max_ack_delay 25 ms")
         if self.congestion_control not in ("reno", "cubic"):
@@ -361,6 +365,11 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
         """Send what is queued at the end of this event-loop turn (called automatically on writes)."""
         if self._transmit_handle is None and not self.closed:
             self._transmit_handle = self._loop.call_soon(self._transmit)
+
+    def transmit_now(self) -> None:
+        """Send what is queued now (a publisher's first object, ahead of the ones it queues next)."""
+        if not self.closed:
+            self._transmit()
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def wait_ready(self) -> None:
@@ -644,7 +653,8 @@ async def connect(uri: str, config: EndpointConfig, session_factory: SessionFact
     try:
         qc = config.quic_configuration(is_client=True, datagram_size=config.settings.datagram_size_for(address),
                                        server_name=target.host)
-        quic = HookedQuicConnection(configuration=qc, ack_delay_s=config.settings.ack_delay_s)
+        quic = HookedQuicConnection(configuration=qc, ack_delay_s=config.settings.ack_delay_s,
+                                    max_flight_bytes=config.settings.max_flight_bytes)
         conn = MoqtConnection(quic, endpoint, address, config, session_factory,
                               uri=target, on_event=on_event, expected_identity=expected_identity)
         endpoint.conn = conn
@@ -713,7 +723,8 @@ class MoqtServer(_Endpoint, Generic[E]):
         if qc is None:
             qc = self._configurations[size] = self.config.quic_configuration(is_client=False, datagram_size=size)
         quic = HookedQuicConnection(configuration=qc, original_destination_connection_id=original_cid,
-                                    ack_delay_s=self.config.settings.ack_delay_s)
+                                    ack_delay_s=self.config.settings.ack_delay_s,
+                                    max_flight_bytes=self.config.settings.max_flight_bytes)
         quic.request_client_certificate = True
         conn = MoqtConnection(quic, self, address, self.config, self._factory, on_event=self._on_event)
         self._routes[original_cid] = self._routes[quic.host_cid] = conn

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, TypeAlias
 
 from aioquic.buffer import Buffer, size_uint_var  # type: ignore[attr-defined]  # re-exported without __all__
+from aioquic.quic.congestion.base import QuicCongestionControl
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicFrameType, pull_quic_transport_parameters
 from aioquic.quic.packet_builder import QuicPacketBuilder
@@ -270,6 +271,35 @@ _STREAM_LENGTH_FIELD: Final = 4
 aioquic 1.7.2 always writes 2 (``push_uint16(len | 0x4000)``, at most 16383)."""
 
 
+_CAPPED: dict[tuple[type[QuicCongestionControl], int], type[QuicCongestionControl]] = {}
+
+
+def capped_congestion_control(base: type[QuicCongestionControl], cap: int) -> type[QuicCongestionControl]:
+    """``base`` (aioquic's reno or cubic) whose congestion window never exceeds ``cap`` octets.
+
+    aioquic's slow start grows the window without bound while nothing is lost (it has no app-limited
+    check), so after a few blocks the sender bursts whole blocks at once. On loopback a burst larger
+    than the receiver's socket buffer (about 7.8 MiB of 64 KiB datagrams with a 4 MiB SO_RCVBUF) drops
+    datagrams, and a loss takes cubic down and out of slow start (seen after 8 concurrent 2 MiB
+    fetches: a 2.5 MB window, ssthresh 131 kB). Keeping the window within the receiver's buffer avoids
+    the loss; pacing follows the capped window. No throughput gain was measured on the project's
+    machine, so ``QuicSettings.max_flight_bytes`` is off by default (docs/moqt-performance.md).
+    """
+    key = (base, cap)
+    capped = _CAPPED.get(key)
+    if capped is None:
+
+        def get(self: Any) -> int:
+            return int(self._capped_window)
+
+        def set_(self: Any, value: int) -> None:
+            self._capped_window = min(value, cap)
+
+        capped = _CAPPED[key] = type(f"Capped{base.__name__}", (base,),
+                                     {"congestion_window": property(get, set_), "__doc__": base.__doc__})
+    return capped
+
+
 class HookedQuicConnection(QuicConnection):
     """The ``QuicConnection`` used by ``moqt/quic.py``, with three hooks aioquic lacks.
 
@@ -285,6 +315,9 @@ class HookedQuicConnection(QuicConnection):
       as the path allows (64 KiB on loopback) instead of ~16 KiB: aioquic's cost is per packet, so this
       is its main throughput lever (docs/moqt-performance.md).  Every QUIC receiver parses a varint
       of any length, so stock peers read these frames as they read aioquic's.
+
+    Options: ``ack_delay_s`` (aioquic's fixed 1 ms otherwise) and ``max_flight_bytes``, a cap on the
+    congestion window (:func:`capped_congestion_control`).
     """
 
     on_write: Callable[[], None]
@@ -293,10 +326,15 @@ class HookedQuicConnection(QuicConnection):
     _peer_payload_limit = _MAX_UDP_PAYLOAD
     _data_datagram_size = 0  # the configured size, used once the handshake is over (0: not limited)
 
-    def __init__(self, *args: Any, ack_delay_s: float | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, ack_delay_s: float | None = None, max_flight_bytes: int | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if ack_delay_s is not None:  # how long after the first unacknowledged packet aioquic sends an ACK
             self._ack_delay = ack_delay_s
+        if max_flight_bytes is not None:
+            cc = self._loss._cc
+            self._loss._cc = capped_congestion_control(type(cc), max_flight_bytes)(
+                max_datagram_size=self._configuration.max_datagram_size)
         # Handshake packets have long headers, whose Length aioquic writes in 14 bits, and CRYPTO frames
         # written by aioquic: keep them within HANDSHAKE_DATAGRAM_SIZE; congestion control and pacing
         # are sized for the configured (data) size from the start.

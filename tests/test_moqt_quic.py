@@ -381,6 +381,19 @@ async def test_transmit_is_coalesced_per_receive_batch(pki: Pki) -> None:
         s.server.close()
 
 
+async def test_transmit_now_sends_before_the_loop_turn_ends(pki: Pki, served: Served) -> None:
+    conn = await connect(served.uri, pki.config("client"), recorder)
+    async with conn:
+        sent = conn.stats.datagrams_sent
+        conn.quic.send_stream_data(0, b"x" * 1000)  # schedules a transmit for the end of this turn
+        assert conn.stats.datagrams_sent == sent
+        conn.transmit_now()
+        assert conn.stats.datagrams_sent > sent  # already on the socket, without yielding
+        transmits = conn.stats.transmits
+        await asyncio.sleep(0)
+        assert conn.stats.transmits == transmits  # the scheduled transmit was cancelled: nothing left
+
+
 async def test_large_datagrams_on_loopback(pki: Pki, served: Served) -> None:
     settings = QuicSettings(loopback_datagram_size=65000)
     conn = await connect(served.uri, pki.config("client", settings=settings), recorder)

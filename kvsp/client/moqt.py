@@ -238,9 +238,7 @@ class MoqtBlockClient:
         with _mapped(record.holder):
             objects = subscriber.fetch(namespace.fields(), track_name(record.codec), start, end,
                                        allocate=assembly.allocate)
-        async with objects:
-            await asyncio.sleep(0)  # the FETCH leaves now; the block buffer is zeroed while it travels
-            assembly.reserve()
+        async with objects:  # the block buffer is allocated (not zeroed) when the first object arrives
             yield MoqtBlockStream(record.holder, objects, assembly)
 
     async def fetch_block(self, record: ReplicaRecord, *, layers: LayerRange | None = None,

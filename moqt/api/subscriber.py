@@ -79,8 +79,11 @@ class ObjectStream:
         if self._closed:
             raise StopAsyncIteration
         try:
-            async with asyncio.timeout(self._timeout_s):
+            if self._inbox.queue:  # already here: get() returns without waiting, no timer to arm
                 obj = await self._inbox.get()
+            else:
+                async with asyncio.timeout(self._timeout_s):
+                    obj = await self._inbox.get()
         except BaseException:
             self.close()
             raise
