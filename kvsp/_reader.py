@@ -46,6 +46,10 @@ class ObjectReader:
     def has(self, name: builtins.str) -> builtins.bool:
         return name in self._obj
 
+    def get(self, name: builtins.str) -> builtins.object:
+        """The raw member, None when absent: for fast paths that check exact types and else read normally."""
+        return self._obj.get(name)
+
     def raw(self, name: builtins.str) -> builtins.object:
         if name not in self._obj:
             raise ValidationError(self.member(name), "is required")

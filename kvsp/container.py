@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import operator
 import re
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -53,6 +54,8 @@ U32_MAX: Final = 0xFFFF_FFFF
 U64_MAX: Final = 0xFFFF_FFFF_FFFF_FFFF
 
 _FIXED: Final = struct.Struct(">4sBBHIII")
+_DIGEST: Final = operator.methodcaller("digest")
+_CAST: Final[Callable[[object, str], memoryview]] = memoryview.cast  # type: ignore[assignment]
 _CODEC_NAME: Final = re.compile(r"[a-z0-9-]{1,32}")
 _LAYER_RANGE: Final = re.compile(r"([0-9]{1,10})-([0-9]{1,10})")
 
@@ -188,14 +191,20 @@ class ContainerHeader:
     lengths: tuple[tuple[int, int], ...]  # (K octets, V octets) per layer, ascending
     version: int = VERSION
     flags: int = 0
+    # Derived once, since every encode and decode asks for them: the distinct section lengths (for the
+    # codec's rule) and their sum.
+    _distinct: frozenset[int] = field(init=False, repr=False, compare=False)
+    _data_length: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_fixed(self.version, self.flags, self.codec, self.first_layer, len(self.lengths))
         _check_count(self.token_count, "token count", U32_MAX)
         # Distinct values, then min/max: all in C, since this runs on the decode path of every container.
-        values = set(itertools.chain.from_iterable(self.lengths))
+        values = frozenset(itertools.chain.from_iterable(self.lengths))
         if min(values) < 0 or max(values) > U64_MAX:
             raise ContainerError(f"section lengths must be between 0 and {U64_MAX}")
+        object.__setattr__(self, "_distinct", values)
+        object.__setattr__(self, "_data_length", sum(itertools.chain.from_iterable(self.lengths)))
 
     @property
     def layer_count(self) -> int:
@@ -215,7 +224,7 @@ class ContainerHeader:
 
     @property
     def data_length(self) -> int:
-        return sum(map(sum, self.lengths))
+        return self._data_length
 
     @property
     def container_length(self) -> int:
@@ -261,16 +270,15 @@ def check_raw_sections(header: ContainerHeader, geometry: Geometry | None) -> No
     tokens = header.token_count
     if geometry is not None:
         expected = geometry.section_length(tokens)
-        rule = (f"{tokens} tokens x {geometry.kv_heads} heads x {geometry.head_dim} "
-                f"x {geometry.element_size} octets")
     else:
         expected = header.lengths[0][0]
-        rule = "all raw sections are equal"
         if tokens and expected % tokens:
             raise ContainerError(f"raw section of {expected} octets is not a whole number of octets "
                                  f"for {tokens} tokens")
-    if set(itertools.chain.from_iterable(header.lengths)) == {expected}:  # the common case, in C
+    if header._distinct == {expected}:  # the common case: one length for all sections
         return
+    rule = ("all raw sections are equal" if geometry is None else
+            f"{tokens} tokens x {geometry.kv_heads} heads x {geometry.head_dim} x {geometry.element_size} octets")
     for i, (k, v) in enumerate(header.lengths):
         if k != expected or v != expected:
             raise ContainerError(f"layer {header.first_layer + i}: raw K/V sections are {k}/{v} octets, "
@@ -321,6 +329,11 @@ class CodecRegistry:
 
 
 DEFAULT_CODECS: Final = CodecRegistry()
+_STANDARD_VALUES: Final = frozenset(spec.value for spec in STANDARD_CODECS)
+# Checked headers of recent encodes (see `_checked_header`), by codec, first layer, tokens, geometry and
+# section lengths.
+_HEADERS: Final[dict[tuple[object, ...], tuple[ContainerHeader, bytes]]] = {}
+_MAX_HEADERS: Final = 256
 
 
 def register_codec(spec: CodecSpec, registry: CodecRegistry | None = None) -> CodecSpec:
@@ -389,18 +402,22 @@ class _Rules:
         return header
 
     def check(self, header: ContainerHeader) -> None:
-        """Rules that need the whole header: model layer count, size limit, the codec's section rule."""
-        if header.data_length > U64_MAX:
-            raise ContainerError(f"section lengths add up to {header.data_length} octets, past 64 bits")
-        geometry = self.geometry
-        if geometry is not None and geometry.layers is not None and header.last_layer >= geometry.layers:
-            raise ContainerError(f"layers {header.layer_range} exceed the model's {geometry.layers} layers")
-        if self.max_size is not None and header.container_length > self.max_size:
-            raise ContainerError(f"container of {header.container_length} octets exceeds the limit "
-                                 f"of {self.max_size}")
-        spec = self.codecs.get(header.codec)
-        if spec is not None and spec.check is not None:
-            spec.check(header, geometry)
+        _check_whole(header, self.geometry, self.max_size, self.codecs)
+
+
+def _check_whole(header: ContainerHeader, geometry: Geometry | None, max_size: int | None = None,
+                 codecs: CodecRegistry = DEFAULT_CODECS) -> None:
+    """Rules that need the whole header: model layer count, size limit, the codec's section rule."""
+    data_length = header.data_length
+    if data_length > U64_MAX:
+        raise ContainerError(f"section lengths add up to {data_length} octets, past 64 bits")
+    if geometry is not None and geometry.layers is not None and header.last_layer >= geometry.layers:
+        raise ContainerError(f"layers {header.layer_range} exceed the model's {geometry.layers} layers")
+    if max_size is not None and header.header_length + data_length > max_size:
+        raise ContainerError(f"container of {header.container_length} octets exceeds the limit of {max_size}")
+    spec = codecs.get(header.codec)
+    if spec is not None and spec.check is not None:
+        spec.check(header, geometry)
 
 
 def parse_header(buf: BufferLike, *, geometry: Geometry | None = None,
@@ -529,8 +546,14 @@ class Container:
         return self.layer(layer).digest()
 
     def layer_digests(self) -> tuple[bytes, ...]:
-        """Layer digests in ascending layer order, hashed in place."""
-        return tuple(view.digest() for view in self.layers)
+        """Layer digests in ascending layer order, hashed in place.
+
+        Straight from the offsets, without making `LayerView`s, and with the per-layer steps mapped in C:
+        for small layers the Python steps around each hash would otherwise cost a noticeable share.
+        """
+        offsets = self._offsets
+        payloads = map(self.data.__getitem__, map(slice, offsets[:-1], offsets[1:]))
+        return tuple(map(_DIGEST, map(hashlib.sha256, payloads)))
 
     def slice(self, first: int, last: int) -> list[bytes | memoryview]:
         """A container of the inclusive layer range ``first..last``: a new header and one view of the data.
@@ -579,6 +602,51 @@ def encode_header(codec: int, first_layer: int, token_count: int,
     return ContainerHeader(codec, first_layer, token_count, tuple((k, v) for k, v in lengths)).encode()
 
 
+def _section_views(layers: Sections) -> list[memoryview]:
+    """K0, V0, K1, V1... as flat octet views.
+
+    ``memoryview.cast("B")`` is what `as_octets` does to a C-contiguous buffer, and mapped over every
+    section it runs in C: the common inputs (memoryview slices of a cache, then any buffer) take no
+    Python step per section.  A buffer it refuses (not C-contiguous, an odd format) sends all sections
+    through `as_octets`, which raises the precise error or views it the long way.
+    """
+    if not isinstance(layers, list | tuple):
+        layers = list(layers)
+    if set(map(len, layers)) == {2}:
+        try:  # the unbound method refuses anything but a memoryview (TypeError), so it is never misapplied
+            return list(map(_CAST, itertools.chain.from_iterable(layers), itertools.repeat("B")))
+        except TypeError:
+            pass
+        try:
+            return list(map(_CAST, map(memoryview, itertools.chain.from_iterable(layers)),  # type: ignore[arg-type]
+                            itertools.repeat("B")))
+        except TypeError:  # not a buffer, or a buffer that cannot be cast (not C-contiguous, odd format)
+            pass
+    return [octets for k, v in layers for octets in (as_octets(k), as_octets(v))]
+
+
+def _checked_header(codec: int, first_layer: int, token_count: int, views: list[memoryview],
+                    geometry: Geometry | None) -> tuple[ContainerHeader, bytes]:
+    """The checked header of these sections and its octets, remembered for standard codecs.
+
+    Every block of a model has the same layout, so an engine exporting blocks asks for a few headers
+    over and over; a standard codec's rules cannot change at run time (only private codecs can be
+    registered), which makes a header checked once valid for good.
+    """
+    lengths = tuple(map(len, views))  # a 1-D octet view's len() is its octet count
+    key = (codec, first_layer, token_count, geometry, lengths)
+    found = _HEADERS.get(key)
+    if found is None:
+        header = ContainerHeader(codec, first_layer, token_count, tuple(zip(lengths[0::2], lengths[1::2], strict=True)))
+        _check_whole(header, geometry)
+        found = (header, header.encode())
+        if codec in _STANDARD_VALUES:
+            if len(_HEADERS) >= _MAX_HEADERS:
+                _HEADERS.clear()
+            _HEADERS[key] = found
+    return found
+
+
 def encode_parts(codec: int, first_layer: int, token_count: int, layers: Sections,
                  *, geometry: Geometry | None = None) -> list[bytes | memoryview]:
     """The header followed by views of the given K and V buffers: a container without copying them.
@@ -586,13 +654,9 @@ def encode_parts(codec: int, first_layer: int, token_count: int, layers: Section
     The codec's section rule (and ``geometry`` when given) is checked, so nothing is encoded that a
     peer's decoder would reject.
     """
-    sections = [(as_octets(k), as_octets(v)) for k, v in layers]
-    lengths = tuple((k.nbytes, v.nbytes) for k, v in sections)
-    header = ContainerHeader(codec, first_layer, token_count, lengths)
-    _Rules(geometry).check(header)
-    parts: list[bytes | memoryview] = [header.encode()]
-    for k, v in sections:
-        parts += (k, v)
+    views = _section_views(layers)
+    parts: list[bytes | memoryview] = [_checked_header(codec, first_layer, token_count, views, geometry)[1]]
+    parts += views
     return parts
 
 
@@ -608,18 +672,23 @@ def encode_into(buffer: BufferLike, codec: int, first_layer: int, token_count: i
 
     For a destination the caller already has (a reused or pinned buffer, an mmap of a file), this is
     the floor of encoding: one memcpy per section and no allocation.  ``buffer`` may be longer.
+    Per section the only Python work is one slice assignment (K and V of a cache are not adjacent, so
+    there is nothing to merge); the views, lengths and checks are made for all sections at once.
     """
     out = as_octets(buffer)
     if out.readonly:
         raise ContainerError("the destination buffer is read-only")
-    parts = encode_parts(codec, first_layer, token_count, layers, geometry=geometry)
-    total = sum(len(part) for part in parts)
+    views = _section_views(layers)
+    header, octets = _checked_header(codec, first_layer, token_count, views, geometry)
+    total = header.container_length
     if out.nbytes < total:
         raise ContainerError(f"the container needs {total} octets, the buffer has {out.nbytes}")
-    position = 0
-    for part in parts:
-        out[position : position + len(part)] = part
-        position += len(part)
+    position = len(octets)
+    out[:position] = octets
+    for view in views:
+        end = position + len(view)
+        out[position:end] = view
+        position = end
     return position
 
 

@@ -32,8 +32,10 @@ Computation (the results above do not depend on it):
   holders and the replicas that hold every layer, and per distinct residency layout and volume a
   `ReplicaProfile` (whether it holds every layer; per residency entry the bits it carries and the read
   rate that caps them).  Pricing an instance is then a few look-ups per replica, and each transfer time
-  is computed once per (profile, holder) and instance.  The PC prices every candidate against one
-  `PreparedBlocks`; the functions below build one per call.
+  is computed once per (profile, holder) and link set: it is kept in the instance's `LinkIndex`
+  (``derived``, cached with the status's links), so the requests placed while a status is current
+  reuse it, and blocks with two sources are compared without an inner loop.  The PC prices every
+  candidate against one `PreparedBlocks`; the functions below build one per call.
 - The fast greedy path is exact when rates are positive and RTTs and bit counts finite and
   non-negative, as a parsed record guarantees (the profiles and `InstanceStatus.link_index` say so:
   ``sound``): finish times then only grow and are never NaN, so a running maximum equals
@@ -49,14 +51,15 @@ Computation (the results above do not depend on it):
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from kvsp.records.lookup import TargetEstimate
 from kvsp.records.replica import ReplicaRecord
-from kvsp.records.status import InstanceStatus, Link
+from kvsp.records.status import InstanceStatus, Link, LinkIndex
 from kvsp.registry import InstanceState
 
 Blocks = Sequence[Sequence[ReplicaRecord]]
@@ -171,15 +174,39 @@ class ReplicaProfile(NamedTuple):
 
 
 _UNKNOWN: Final = ReplicaProfile(True, (), False)  # not derivable: the plain path handles the record literally
-# A replica that can be a source: record, holder, holder number, (profile, holder) number, shares.
-_Source = tuple[ReplicaRecord, str, int, int, Shares]
+# A replica that can be a source: holder number, (profile, holder) pair number, record, holder URI.
+_Source = tuple[int, int, ReplicaRecord, str]
+# Every distinct `Shares` gets a number that is never reused, so that transfer times derived for one link
+# set (`LinkIndex.derived`) can be found again by later requests with replicas of the same profile.
+_SHARES_IDS: dict[Shares, int] = {}
+_NEXT_SHARES_ID: Final = itertools.count()
+_MAX_SHARES_IDS: Final = 4096
+_MAX_DERIVED: Final = 8192  # transfer times kept per link set
+
+
+def _shares_id(shares: Shares) -> int:
+    found = _SHARES_IDS.get(shares)
+    if found is None:
+        if len(_SHARES_IDS) >= _MAX_SHARES_IDS:
+            _SHARES_IDS.clear()  # forgotten shares get new numbers: stale cache entries are never hit
+        found = _SHARES_IDS[shares] = next(_NEXT_SHARES_ID)
+    return found
 
 
 class _Block(NamedTuple):
     key: bytes
     holders: tuple[str, ...]  # every holder of the block, complete or not (for residency)
-    group: Sequence[ReplicaRecord]
     sources: tuple[_Source, ...]  # the replicas that hold every layer, in the order given
+    # With exactly two sources, their fields unpacked (holder number, pair, record, holder URI), else
+    # dummies with r2 None: the common case needs no inner loop.
+    h1: int
+    p1: int
+    r1: ReplicaRecord | None
+    u1: str
+    h2: int
+    p2: int
+    r2: ReplicaRecord | None
+    u2: str
 
 
 class PreparedBlocks:
@@ -189,7 +216,8 @@ class PreparedBlocks:
     give for the same arguments; `floor_us` bounds ``estimate(...).cost_us`` from below.
     """
 
-    __slots__ = ("_blocks", "_holders", "block_bytes", "layers", "matched", "replicas", "sound")
+    __slots__ = ("_blocks", "_holder_uris", "_pair_keys", "_pair_shares", "block_bytes", "layers", "matched",
+                 "replicas", "sound")
 
     def __init__(self, replicas_per_block: Blocks, *, block_bytes: int | None = None,
                  layers: int | None = None) -> None:
@@ -197,9 +225,12 @@ class PreparedBlocks:
         self.matched = len(replicas_per_block)
         self.block_bytes = block_bytes
         self.layers = layers
-        memo: dict[object, tuple[ReplicaProfile, int]] = {}  # residency and volume -> profile and its number
+        # residency and volume -> profile, its number, and the number of its shares
+        memo: dict[object, tuple[ReplicaProfile, int, int]] = {}
         holders: dict[str, int] = {}  # holder -> its number
-        stride = sum([len(group) for group in replicas_per_block]) + 1  # more than there can be holders
+        pairs: dict[tuple[int, int], int] = {}  # (profile, holder) -> pair number: a transfer time per instance
+        self._pair_keys: list[tuple[str, int]] = []  # per pair: its key in `LinkIndex.derived`
+        self._pair_shares: list[Shares] = []
         blocks: list[_Block] = []
         sound = True
         for group in replicas_per_block:
@@ -207,40 +238,68 @@ class PreparedBlocks:
                 break  # the plan ends here for every instance
             sources: list[_Source] = []
             for record in group:
-                profile, number = self._profile(record, memo)
+                volume = record.size if block_bytes is None else block_bytes
+                try:
+                    key = (tuple([(e.tier, e.layers, e.read_mbit_per_s) for e in record.residency]), volume)
+                    found = memo.get(key)
+                    if found is None:
+                        profile = ReplicaProfile.of(record, volume, layers)
+                        found = memo[key] = (profile, len(memo), _shares_id(profile.shares))
+                except Exception:  # only a record built in code gets here (e.g. octets beyond a double)
+                    found = (_UNKNOWN, -1, _shares_id(_UNKNOWN.shares))
+                profile, number, shares_id = found
                 if profile.complete:
                     holder = record.holder
                     h = holders.setdefault(holder, len(holders))
-                    # (profile, holder) numbers: a plan computes each transfer time once.
-                    sources.append((record, holder, h, number * stride + h, profile.shares))
+                    pair = pairs.get((number, h))
+                    if pair is None:
+                        pair = pairs[number, h] = len(self._pair_keys)
+                        self._pair_keys.append((holder, shares_id))
+                        self._pair_shares.append(profile.shares)
+                    sources.append((h, pair, record, holder))
                     sound = sound and profile.sound
-            blocks.append(_Block(group[0].block_key, tuple([r.holder for r in group]), group, tuple(sources)))
+            pair_fields = (*sources[0], *sources[1]) if len(sources) == 2 else (0, 0, None, "", 0, 0, None, "")
+            blocks.append(_Block(group[0].block_key, tuple([r.holder for r in group]), tuple(sources), *pair_fields))
         self._blocks = tuple(blocks)
-        self._holders = len(holders)
+        self._holder_uris = tuple(holders)  # by holder number
         self.sound = sound
-
-    def _profile(self, record: ReplicaRecord, memo: dict[object, tuple[ReplicaProfile, int]]
-                 ) -> tuple[ReplicaProfile, int]:
-        volume = record.size if self.block_bytes is None else self.block_bytes
-        try:
-            key = (tuple([(e.tier, e.layers, e.read_mbit_per_s) for e in record.residency]), volume)
-            found = memo.get(key)
-            if found is None:
-                found = memo[key] = (ReplicaProfile.of(record, volume, self.layers), len(memo))
-        except Exception:  # only a record built in code gets here (e.g. octets beyond a double)
-            return _UNKNOWN, -1
-        return found
 
     def plan(self, status: InstanceStatus, resident: Collection[bytes] = ()) -> FetchPlan:
         """`plan_fetch` for this instance."""
         links = status.link_index()
         if self.sound and links.sound:
-            plan = self._plan_fast(status.instance, links.by_holder, resident)
+            plan = self._plan_fast(status.instance, links, resident)
             assert plan is not None  # no limit was given
             return plan
         return self._plan_plain(status, resident)
 
-    def _plan_fast(self, instance: str, links: Mapping[str, Link], resident: Collection[bytes],
+    def _transfers(self, links: LinkIndex) -> list[float]:
+        """Per pair, the transfer time over ``links`` (-1.0: no link), kept in ``links.derived`` for later requests.
+
+        All pairs at once, in one loop: a plan needs most of them, and a call per pair would cost more
+        than the arithmetic.
+        """
+        derived = links.derived
+        transfers = [derived.get(key) for key in self._pair_keys]
+        if None in transfers:
+            by_holder = links.by_holder
+            if len(derived) >= _MAX_DERIVED:
+                derived.clear()
+            for pair, (key, shares) in enumerate(zip(self._pair_keys, self._pair_shares, strict=True)):
+                if transfers[pair] is not None:
+                    continue
+                link = by_holder.get(key[0])
+                if link is None:
+                    transfer = -1.0
+                else:  # the terms of `transfer_us`, from 0.0 in entry order
+                    rate = link.mbit_per_s
+                    transfer = 0.0
+                    for bits, read in shares:
+                        transfer += bits / (read if read is not None and read < rate else rate)
+                transfers[pair] = derived[key] = transfer
+        return transfers  # type: ignore[return-value]  # every None was replaced
+
+    def _plan_fast(self, instance: str, links: LinkIndex, resident: Collection[bytes],
                    give_up: tuple[float, float, float, float] | None = None) -> FetchPlan | None:
         """The greedy for ``sound`` records; None once ``give_up`` shows the cost to exceed its limit.
 
@@ -251,58 +310,83 @@ class PreparedBlocks:
         # running maximum ``current`` is max(loads.values(), default=0.0) and comparing the ranks
         # field by field is comparing the tuples of `_plan_plain`.  ``current`` never exceeds the
         # final fetch_us, and the residual recompute is at least ``tail``: the cost is at least
-        # wait + min(current + tail, everything) at every step.
+        # wait + min(current + tail, everything) at every step.  Blocks with two sources (the usual
+        # replication) are compared without the inner loop: this runs for every block and candidate.
         wait, tail, everything, limit = (0.0, 0.0, math.inf, math.inf) if give_up is None else give_up
-        loads: list[float | None] = [None] * self._holders  # by holder number; None: sends nothing yet
-        transfers: dict[int, float] = {}  # by (profile, holder) number; -1.0: no link to the holder
+        loads = self._starts(links)  # by holder number: when its next block would start (its RTT at first)
+        transfers = self._transfers(links)  # by pair number; -1.0: no link
         current = 0.0
         sources: list[ReplicaRecord | None] = []
-        for key, holders, _, block_sources in self._blocks:
+        best: ReplicaRecord | None
+        for key, holders, block_sources, h1, p1, r1, u1, h2, p2, r2, u2 in self._blocks:
             if key in resident or instance in holders:
                 sources.append(None)
                 continue
-            best: ReplicaRecord | None = None
-            best_max = best_finish = 0.0
-            best_holder = ""
-            best_number = 0
-            for record, holder, number, pair, shares in block_sources:
-                transfer = transfers.get(pair)
-                if transfer is None:
-                    link = links.get(holder)
-                    if link is None:
-                        transfers[pair] = -1.0
-                        continue
-                    rate = link.mbit_per_s
-                    transfer = 0.0
-                    for bits, read in shares:
-                        transfer += bits / (read if read is not None and read < rate else rate)
-                    transfers[pair] = transfer
-                elif transfer < 0.0:
-                    continue
-                start = loads[number]
-                finish = (float(links[holder].rtt_us) if start is None else start) + transfer
-                top = finish if finish > current else current
-                if best is None or top < best_max or (top == best_max and (
-                        finish < best_finish or (finish == best_finish and holder < best_holder))):
-                    best, best_max, best_finish, best_holder, best_number = record, top, finish, holder, number
-            if best is None:
-                break
-            loads[best_number] = best_finish
-            if best_finish > current:
-                current = best_finish
+            if r2 is None:  # not two sources
+                chosen = self._choose(block_sources, loads, transfers, current)
+                if chosen is None:
+                    break
+                best, number, finish = chosen
+            else:
+                t1, t2 = transfers[p1], transfers[p2]
+                if t1 >= 0.0:
+                    best, number, finish = r1, h1, loads[h1] + t1  # type: ignore[operator]  # linked: a float
+                    if t2 >= 0.0:
+                        f2 = loads[h2] + t2  # type: ignore[operator]
+                        top1 = finish if finish > current else current
+                        top2 = f2 if f2 > current else current
+                        if top2 < top1 or (top2 == top1 and (f2 < finish or (f2 == finish and u2 < u1))):
+                            best, number, finish = r2, h2, f2
+                elif t2 >= 0.0:
+                    best, number, finish = r2, h2, loads[h2] + t2  # type: ignore[operator]
+                else:
+                    break
+            loads[number] = finish
+            if finish > current:
+                current = finish
                 least = current + tail
                 if wait + (everything if everything < least else least) > limit:
                     return None
             sources.append(best)
         return FetchPlan(current, tuple(sources))
 
+    @staticmethod
+    def _choose(block_sources: tuple[_Source, ...], loads: list[float | None], transfers: list[float],
+                current: float) -> tuple[ReplicaRecord, int, float] | None:
+        """The source of a block with other than two sources: the least (max(current, finish), finish, holder)."""
+        best: tuple[ReplicaRecord, int, float] | None = None
+        best_max = best_finish = 0.0
+        best_holder = ""
+        for number, pair, record, holder in block_sources:
+            transfer = transfers[pair]
+            if transfer < 0.0:
+                continue
+            finish = loads[number] + transfer  # type: ignore[operator]  # a linked holder has a start
+            top = finish if finish > current else current
+            if best is None or top < best_max or (top == best_max and (
+                    finish < best_finish or (finish == best_finish and holder < best_holder))):
+                best, best_max, best_finish, best_holder = (record, number, finish), top, finish, holder
+        return best
+
+    def _starts(self, links: LinkIndex) -> list[float | None]:
+        """Per holder number, the RTT as a float (None: no link), derived once per link set."""
+        key = self._holder_uris
+        found = links.derived.get(key)
+        if found is None:
+            by_holder = links.by_holder
+            found = [None if (link := by_holder.get(uri)) is None else float(link.rtt_us) for uri in key]
+            derived = links.derived
+            if len(derived) >= _MAX_DERIVED:
+                derived.clear()
+            derived[key] = found
+        return list(found)
+
     def _plan_plain(self, status: InstanceStatus, resident: Collection[bytes]) -> FetchPlan:
         """The greedy of the module docstring, literally (for records that are not ``sound``)."""
         layers, block_bytes = self.layers, self.block_bytes
         loads: dict[str, float] = {}  # holder -> rtt + transfer time of what it sends
         sources: list[ReplicaRecord | None] = []
-        for block in self._blocks:
-            group = block.group
+        for group in itertools.islice(self.replicas, len(self._blocks)):
             if _is_resident(group, status, resident):
                 sources.append(None)
                 continue
@@ -350,7 +434,7 @@ class PreparedBlocks:
                                  mean_service_us=mean_service_us, resident=resident)
         give_up = (wait_us(status, mean_service_us), recompute_us(status, prompt_tokens - self.matched * block_tokens),
                    recompute_us(status, prompt_tokens), limit_us)
-        plan = self._plan_fast(status.instance, links.by_holder, resident, give_up)
+        plan = self._plan_fast(status.instance, links, resident, give_up)
         if plan is None:
             return None
         return self._estimate(status, plan, prompt_tokens, block_tokens, mean_service_us)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import kvsp.client.verify as verify_module
 from kvsp.client.verify import (
     BlockCheck,
     BlockVerifier,
@@ -305,3 +306,59 @@ def test_jobs_chain_in_order_on_a_busy_pool(executor: ThreadPoolExecutor) -> Non
         hasher.add([part])
         time.sleep(0.0005)  # let some jobs start, so finish() chains after a running one
     assert hasher.finish().result() == hashlib.sha256(b"".join(parts)).digest()
+
+
+class _CountingExecutor(ThreadPoolExecutor):
+    """A pool that counts the jobs handed to it."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.jobs = 0
+
+    def submit(self, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+        self.jobs += 1
+        return super().submit(*args, **kwargs)
+
+
+def test_a_streamed_block_takes_few_hand_offs() -> None:
+    """Each job drains what arrives meanwhile, and a streamed block waits for 1/32 of itself: at most ~32 jobs."""
+    with _CountingExecutor() as pool:
+        verifier = BlockVerifier(BlockCheck.for_replica(BIG_RECORD), BIG_SHA, executor=pool, offload_min=1)
+        feed_all(verifier, BIG, list(range(16 << 10, len(BIG), 16 << 10)))  # 128 chunks
+        assert verifier.verify_sync().repr_digest == BIG_SHA
+        assert 1 <= pool.jobs <= 33  # 128 chunks of 16 KiB
+
+
+def test_a_failing_job_reaches_finish(executor: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the worker raises is handed to the caller of finish(), whether the job ended before or after it."""
+    hasher = SpanHasher(executor, min_span=1)
+    hasher.add(["not a buffer"])  # type: ignore[list-item]  # hashlib refuses str on the worker
+    time.sleep(0.05)  # the job has failed by now (or is about to): either way finish() hands the error on
+    with pytest.raises(TypeError):
+        hasher.finish().result(timeout=5)
+    started, gate = threading.Event(), threading.Event()
+
+    def blocked(h: object, parts: object) -> None:
+        started.set()
+        gate.wait(5)
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(verify_module, "_update_all", blocked)
+    slow = SpanHasher(executor, min_span=1)
+    slow.add([b"x"])
+    assert started.wait(5)
+    result = slow.finish()  # the job is running: it completes this future
+    assert not result.done()
+    gate.set()
+    with pytest.raises(OSError, match="fire"):
+        result.result(timeout=5)
+
+
+def test_whole_buffer_reports_the_first_bad_layer(executor: ThreadPoolExecutor) -> None:
+    bad = bytearray(BIG)
+    start = len(BIG) - 3 * (len(BIG) - 20 - 16 * 8) // 8  # inside layer 5 of 8 equal layers
+    bad[start + 10] ^= 1
+    bad[-1] ^= 1  # layer 7 is bad too: layer 5 is reported
+    with pytest.raises(LayerDigestMismatchError) as info:
+        verify_block_bytes(bad, hashlib.sha256(bad).digest(), BlockCheck.for_replica(BIG_RECORD), executor=executor)
+    assert info.value.layer == 5 and info.value.expected == BIG_RECORD.layer_digests[5]

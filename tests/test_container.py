@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+import kvsp.container as container_module
 from kvsp.container import (
     DEFAULT_CODECS,
     MAGIC,
@@ -266,6 +267,50 @@ def test_encode_into_a_preallocated_buffer() -> None:
         encode_into(bytearray(83), Codec.RAW, 3, 2, layers)
     with pytest.raises(ContainerError, match="read-only"):
         encode_into(bytes(100), Codec.RAW, 3, 2, layers)
+
+
+def test_encode_takes_any_section_buffer_in_one_call() -> None:
+    """Memoryviews, bytes, numpy arrays of other dtypes and shapes, 'b' views: all encode alike (in one call)."""
+    raw = [bytes(range(i, i + 16)) for i in range(6)]
+    expected = encode_container(Codec.RAW, 0, 2, [(raw[0], raw[1]), (raw[2], raw[3]), (raw[4], raw[5])])
+    mixed = [(memoryview(raw[0]), bytearray(raw[1])),
+             (np.frombuffer(raw[2], dtype=np.float16).reshape(2, 4), memoryview(raw[3]).cast("b")),
+             (memoryview(raw[4] + b"xx")[:16], np.frombuffer(raw[5], dtype=np.uint8))]
+    assert encode_container(Codec.RAW, 0, 2, mixed) == expected
+    out = bytearray(len(expected))
+    assert encode_into(out, Codec.RAW, 0, 2, mixed) == len(expected) and out == expected
+    assert encode_container(Codec.RAW, 0, 2, iter(mixed)) == expected  # type: ignore[arg-type]  # an iterator too
+    with pytest.raises(ValueError):
+        encode_parts(Codec.RAW, 0, 2, [(raw[0], raw[1], raw[2])])  # type: ignore[list-item]  # not a (K, V) pair
+    strided = np.zeros(64, dtype=np.uint8)[::2]  # 1-D octets, not contiguous: viewed as before, copied by into
+    assert encode_into(bytearray(200), Codec.RAW, 0, 2, [(strided, strided)]) == 20 + 16 + 64
+
+
+def test_checked_headers_are_remembered_per_geometry_and_codec() -> None:
+    """A header checked once is reused, but never for another geometry, codec or first layer."""
+    section = bytes(8192)
+    geometry = APPENDIX_A_GEOMETRY
+    first = encode_parts(Codec.RAW, 0, 4, [(section, section)], geometry=geometry)[0]
+    assert encode_parts(Codec.RAW, 0, 4, [(section, section)], geometry=geometry)[0] == first
+    assert encode_parts(Codec.RAW, 1, 4, [(section, section)], geometry=geometry)[0] != first
+    with pytest.raises(ContainerError, match="expected 16384"):
+        encode_parts(Codec.RAW, 0, 4, [(section, section)], geometry=Geometry(1, 2048, 2))
+    with pytest.raises(ContainerError, match="exceed the model"):
+        encode_parts(Codec.RAW, 5, 4, [(section, section)], geometry=Geometry(2, 1024, 2, layers=4))
+    with pytest.raises(ContainerError, match="reserved"):
+        encode_parts(0, 0, 4, [(section, section)])
+    # Private codecs can be registered later, so their headers are never remembered.
+    assert encode_parts(0xFF42, 0, 4, [(section, section)])[0] == encode_header(0xFF42, 0, 4, [(8192, 8192)])
+    registry_before = len(container_module._HEADERS)
+    encode_parts(0xFF43, 0, 4, [(section, section)])
+    assert len(container_module._HEADERS) == registry_before
+
+
+def test_layer_digests_without_views_match_the_views() -> None:
+    layers = [(bytes([i]) * (100 + i), bytes([i + 1]) * 50) for i in range(5)]
+    container = decode_container(encode_container(0xFF00, 2, 3, layers))
+    assert container.layer_digests() == tuple(hashlib.sha256(bytes(k) + bytes(v)).digest() for k, v in layers)
+    assert container.layer_digests() == tuple(view.digest() for view in container.layers)
 
 
 # -- zero copy ------------------------------------------------------------------------------------------

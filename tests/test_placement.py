@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import kvsp.placement as placement_module
 from control.pc.core import Assign, NoPlacement, Placement, PlacementRequest, Placer, PlacerConfig, Wake
 from kvsp.errors import ValidationError
 from kvsp.placement import (
@@ -554,3 +555,25 @@ def test_plan_reshard_properties(maps: tuple[ShardMap, ShardMap]) -> None:
         for f in plan.fetch:
             assert f.source != instance
             assert all(old.owner_of(t) == f.source for t in (f.tokens[0], f.tokens[1] - 1))
+
+
+def test_transfer_times_derived_for_a_link_set_serve_later_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Transfer times are kept per link set and replica profile: later requests with other sizes, residency,
+    holders and block counts still plan exactly as the reference does, also after the profile numbers are
+    forgotten and handed out afresh."""
+    monkeypatch.setattr(placement_module, "_MAX_SHARES_IDS", 3)
+    s = status()
+    storage = (Residency(Tier.DEVICE, (0, 15)), Residency(Tier.LOCAL_STORAGE, (16, 31), 20_000.0))
+    requests = [
+        [(replica(KEYS[0], H1), replica(KEYS[0], H2)), (replica(KEYS[1], H2, *storage),)],
+        [(replica(KEYS[0], H2, size=MIB2 // 2), replica(KEYS[0], H1, *storage)),
+         (replica(KEYS[1], H1), replica(KEYS[1], H2), replica(KEYS[1], H3))],
+        [(replica(KEYS[2], H3), replica(KEYS[2], H1, size=7)), (replica(KEYS[3], H1, *storage, size=3),)],
+        [(replica(KEYS[0], H1), replica(KEYS[0], H2)), (replica(KEYS[1], H2, *storage),)],
+    ]
+    for _ in range(2):
+        for blocks in requests:
+            for block_bytes in (None, 4096):
+                prepared = PreparedBlocks(blocks, block_bytes=block_bytes, layers=32)
+                assert prepared.plan(s) == _ref_plan(s, blocks, (), block_bytes, 32)
+    assert s.link_index().derived  # they were kept

@@ -14,6 +14,8 @@ import rfc8785
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvsp._reader import ObjectReader
+from kvsp.encoding import canonical_json, parse_hex
 from kvsp.errors import ValidationError
 from kvsp.identifiers import TrackNamespace, role_id
 from kvsp.records import (
@@ -44,6 +46,7 @@ from kvsp.records import (
     digest_of_layers,
     parse_reshard_message,
 )
+from kvsp.records._common import HOLDER_SCHEMES, HTTPS, check_layer_range, check_uri, read_finite
 from kvsp.registry import InstanceState, Tier
 from tests.conftest import APPENDIX_A_COMPAT_ID, APPENDIX_A_K0, APPENDIX_A_K1, APPENDIX_A_SCOPE_ID
 
@@ -650,3 +653,87 @@ def test_fuzz_corrupted_example_bytes(example: tuple[Parser, str], data: st.Data
     except ValueError:
         return
     _parses_or_rejects(parse, value)
+
+
+# -- fast paths: each must accept exactly what the full rules accept ------------------------------------
+
+_json_scalars = (st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.text(max_size=8)
+                 | st.floats(allow_nan=True, allow_infinity=True)
+                 | st.sampled_from([0.0, -0.0, 1e-4, 9.99e-5, 1e-7, 1e16, 1e21, 2.0**53, 2.0**53 + 2, 0.1, 400000.0,
+                                    -1.5, 123456789.125, 5e-324, 1.7976931348623157e308, 2**53 - 1, -(2**53) + 1,
+                                    2**53, "\x00\x1f\x7f\u2028\ud800", "\U0001f600", "\ue000"]))
+_json_values = st.recursive(_json_scalars, lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+                            | st.dictionaries(st.text(max_size=4) | st.sampled_from(["\ue000", "\U0001f600"]),
+                                              inner, max_size=4), max_leaves=12)
+
+
+@given(_json_values)
+def test_canonical_json_is_rfc8785(value: object) -> None:
+    """The json.dumps fast path writes the octets rfc8785 writes, and fails where rfc8785 fails."""
+    try:
+        expected = rfc8785.dumps(value)  # type: ignore[arg-type]
+    except rfc8785.CanonicalizationError:
+        with pytest.raises(ValidationError, match="JCS"):
+            canonical_json(value)
+        return
+    assert canonical_json(value) == expected
+
+
+def test_canonical_json_examples() -> None:
+    expected = b'{"a":[1,0,0.5,0.00001,1e+21],"b":400000}'
+    assert canonical_json({"b": 400000.0, "a": [1.0, -0.0, 0.5, 1e-5, 1e21]}) == expected
+    assert canonical_json({"\ue000": 1, "\U0001f600": 2}) == rfc8785.dumps({"\ue000": 1, "\U0001f600": 2})
+    with pytest.raises(ValidationError):
+        canonical_json({"a": "\ud800"})
+    with pytest.raises(ValidationError):
+        canonical_json(2**53)
+
+
+_residency_values = st.fixed_dictionaries(
+    {"tier": st.sampled_from(["host", "device", "local-storage", "HOST", "", 1]) | st.none(),
+     "layers": st.sampled_from([[0, 1], [3, 3], [2, 1], [0], [0, 1, 2], [-1, 2], [0, 2**32 - 1], [0, 2**32],
+                                [True, 1], [0.0, 1.0], [0.5, 1], "0-1", None, [0, 2**53]])},
+    optional={"read_mbit_per_s": st.sampled_from([None, 1, 0, -1, 0.5, 0.0, True, 1e400, float("nan"), 2**53,
+                                                  2**53 + 1, 10**400, "1", 400000.0])})
+
+
+@given(_residency_values)
+def test_residency_fast_path_equals_the_full_rules(value: dict[str, object]) -> None:
+    def full() -> Residency:  # the general path only, as it was before the fast path
+        r = ObjectReader(value)
+        rate = r.optional("read_mbit_per_s", lambda n: read_finite(r, n, positive=True))
+        return Residency(Tier(r.choice("tier", frozenset(t.value for t in Tier))),
+                         check_layer_range(r.raw("layers"), r.member("layers")), rate)
+
+    try:
+        expected = full()
+    except ValidationError as exc:
+        with pytest.raises(ValidationError) as info:
+            Residency.from_json(value)
+        assert (info.value.member, str(info.value)) == (exc.member, str(exc))
+        return
+    parsed = Residency.from_json(value)
+    assert parsed == expected and type(parsed.read_mbit_per_s) is type(expected.read_mbit_per_s)
+
+
+@pytest.mark.parametrize("text", ["AB" * 32, "ab" * 31 + "a ", " " + "ab" * 31 + "a", "ab" * 31 + "g0",
+                                  "ab" * 31 + "\u0661\u0662", "ab" * 33, "ab" * 31 + "a"])
+def test_hex_rules_after_the_round_trip_check(text: str) -> None:
+    """Uppercase, spaces (which bytes.fromhex accepts) and non-ASCII digits are refused, alone and in lists."""
+    with pytest.raises(ValidationError, match="block_key"):
+        parse_hex(text, 32, "block_key")
+    value = json.loads(EXAMPLES["replica"][1])
+    digests = [d for d in value.get("layer_digests", [])] or ["00" * 32]
+    value["layer_digests"] = [*digests[:-1], text]
+    with pytest.raises(ValidationError, match=r"layer_digests\[" if len(text) == 64 else "layer_digests"):
+        ReplicaRecord.from_json(value)
+
+
+def test_uri_cache_keeps_the_scheme_rule() -> None:
+    """A URI accepted for https+moqt is still refused where only https is allowed (and vice versa)."""
+    uri = "moqt://relay.example:4443/kvsp/"
+    assert check_uri(uri, "holder", HOLDER_SCHEMES) == uri
+    with pytest.raises(ValidationError, match="scheme"):
+        check_uri(uri, "instance", HTTPS)
+    with pytest.raises(ValidationError, match="printable ASCII"):
+        check_uri("https://h.example/a b", "holder", HTTPS)

@@ -7,9 +7,12 @@ Why it looks like this:
   digest.  That is two SHA-256 computations over the same octets, and SHA-256 states cannot be shared.
   The wall-time cost stays near one pass by running them on two cores: the layer digests, which gate
   handing a layer to the engine, run on the caller's thread the moment a layer completes; the
-  Repr-Digest, needed only at the end, runs on a worker thread over views of the same buffer, with one
-  job in flight that takes everything completed since the previous job (so the number of thread
-  hand-offs adapts to the arrival rate).  hashlib releases the GIL for buffers over 2 KiB.
+  Repr-Digest, needed only at the end, runs on a worker thread over views of the same buffer, by one
+  job at a time that keeps taking what arrives until nothing waits (so the number of thread hand-offs
+  adapts to the arrival rate; a streamed block waits for 1/32 of itself before a new job, since each
+  hand-off costs the receiving thread more than the Python work of a layer).  hashlib releases the
+  GIL for buffers over 2 KiB.  Layer digests are hashed straight from the offsets (`Container.layer_digests`)
+  and compared in one step when they all match.
 * `BlockVerifier` is sans-I/O: chunks in, verified `LayerView`s out; the asyncio adapter in
   `kvsp.client.holder` only moves bytes.  `verify_block_bytes` is the same check on a buffer that is
   already complete (a holder checking a PUT body, a block read from disk), decoded without a copy.
@@ -22,9 +25,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import hashlib
+import operator
 import re
+import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
@@ -53,8 +57,12 @@ REPR_DIGEST_FIELD: Final = "Repr-Digest"
 # breaks even near 512 KiB, a complete buffer (one hand-off) near 200 KiB.
 DEFAULT_OFFLOAD_MIN: Final = 1 << 20
 BUFFER_OFFLOAD_MIN: Final = 256 << 10
+# A streamed block hands its Repr-Digest to the worker in at most about this many jobs: fewer hand-offs
+# cost this thread less, larger last jobs leave the worker a longer tail after the last octet.
+_SPANS_PER_BLOCK: Final = 32
 
 _SF_KEY: Final = re.compile(r"[a-z*][a-z0-9_\-.*]*")
+_DIGEST: Final = operator.methodcaller("digest")
 
 
 class ReprDigestMissingError(KvspError):
@@ -201,6 +209,17 @@ class BlockCheck:
         if want != actual:
             raise LayerDigestMismatchError(view.layer, want, actual)
 
+    def check_layers(self, first_layer: int, digests: Sequence[bytes]) -> None:
+        """`check_layer` for consecutive layers from ``first_layer``: one comparison when all match."""
+        if not self.layer_digests:
+            return
+        if tuple(self.layer_digests[first_layer : first_layer + len(digests)]) == tuple(digests):
+            return
+        for layer, actual in enumerate(digests, first_layer):
+            want = self.layer_digests[layer] if layer < len(self.layer_digests) else None
+            if want != actual:
+                raise LayerDigestMismatchError(layer, want, actual)
+
     def checks_replica(self, header: ContainerHeader) -> bool:
         return self.hashes_layers(header) and self.replica_digest is not None \
             and self.all_layers is not None and header.layer_range == self.all_layers
@@ -237,76 +256,111 @@ def _update_all(h: hashlib._Hash, parts: Sequence[bytes | memoryview]) -> None:
 
 
 class SpanHasher:
-    """SHA-256 over buffers appended in order: inline, or on ``executor`` with one job in flight.
+    """SHA-256 over buffers appended in order: inline, or on ``executor`` by one draining job at a time.
 
-    Each job takes every buffer appended while the previous job ran, so a fast sender yields a few
-    large jobs and a slow one many small ones, which the network wait hides anyway.  A worker needs
-    the GIL to start a job; while this thread keeps it busy (short hashes between Python work) that
-    can take up to the interpreter's switch interval, so `finish` takes back a job that never started
-    and hashes it here: offloading can then cost nothing, where otherwise it would add a whole pass.
+    A job hashes everything pending and, before it ends, takes whatever was appended meanwhile, so a
+    job runs for as long as data keeps coming: a receiver that outpaces the worker (or a loaded machine
+    that runs it late) pays one hand-off for many layers instead of one per layer.  A new job is
+    submitted only when none is running and at least ``min_span`` octets wait.  A worker needs the GIL
+    to start; while this thread keeps it busy that can take up to the interpreter's switch interval,
+    so `finish` takes back a job that never started and hashes its share here: offloading can then
+    cost nothing, where otherwise it would add a whole pass.
     """
 
-    __slots__ = ("_batch", "_executor", "_h", "_job", "_min_span", "_pending", "_pending_octets")
+    __slots__ = ("_error", "_executor", "_h", "_job", "_lock", "_min_span", "_out", "_pending", "_pending_octets",
+                 "_running")
 
     def __init__(self, executor: Executor | None = None, *, min_span: int = 64 << 10) -> None:
         self._h = hashlib.sha256()
         self._executor = executor
         self._min_span = min_span  # smaller jobs are not worth a hand-off; they wait for more
+        self._lock = threading.Lock()  # guards the fields below, shared with the running job
         self._pending: list[bytes | memoryview] = []
         self._pending_octets = 0
-        self._batch: list[bytes | memoryview] = []  # the buffers of the job in flight
-        self._job: Future[None] | None = None
+        self._running = False  # a job is queued or hashing; it empties _pending before it ends
+        self._job: Future[None] | None = None  # the latest job submitted
+        self._out: Future[bytes] | None = None  # set by `finish` for the running job to complete
+        self._error: BaseException | None = None  # what a job raised, for `finish` to hand on
 
     @property
     def offloaded(self) -> bool:
         return self._executor is not None
 
+    @property
+    def min_span(self) -> int:
+        return self._min_span
+
+    @min_span.setter
+    def min_span(self, octets: int) -> None:
+        """Octets that wait before a new job is worth its hand-off (the running job takes any amount)."""
+        self._min_span = octets
+
     def inline(self) -> None:
         """Hash on the caller's thread from now on (small containers: a hand-off costs more than it saves)."""
-        if self._job is None and not self._pending:
-            self._executor = None
+        with self._lock:
+            if not self._running and not self._pending:
+                self._executor = None
 
     def add(self, parts: Iterable[bytes | memoryview]) -> None:
-        if self._executor is None:
+        executor = self._executor
+        if executor is None:
             _update_all(self._h, list(parts))
             return
-        for part in parts:
-            self._pending.append(part)
-            self._pending_octets += len(part)  # octets: parts are bytes or 1-D octet views
-        if self._job is not None:
-            if not self._job.done():
+        with self._lock:
+            for part in parts:
+                self._pending.append(part)
+                self._pending_octets += len(part)  # octets: parts are bytes or 1-D octet views
+            if self._running or self._pending_octets < self._min_span:
                 return
-            self._job.result()
-            self._job = None
-        if self._pending_octets >= self._min_span:
-            self._batch, self._pending, self._pending_octets = self._pending, [], 0
-            self._job = self._executor.submit(_update_all, self._h, self._batch)
+            self._running = True
+        try:
+            self._job = executor.submit(self._drain)
+        except BaseException:  # e.g. a pool shut down: the data stays pending, for `finish` to hash here
+            with self._lock:
+                self._running = False
+            raise
+
+    def _drain(self) -> None:
+        """The job: hash what is pending until nothing is; complete `finish`'s future if it is waiting."""
+        try:
+            while True:
+                with self._lock:
+                    batch, self._pending, self._pending_octets = self._pending, [], 0
+                    if not batch:
+                        self._running = False
+                        out = self._out
+                        break
+                _update_all(self._h, batch)
+        except BaseException as exc:  # handed to the waiting caller, not swallowed
+            with self._lock:
+                self._running = False
+                self._error = exc
+                out = self._out
+            if out is not None:
+                out.set_exception(exc)
+            return
+        if out is not None:
+            out.set_result(self._h.digest())
 
     def finish(self) -> Future[bytes]:
         """The digest of everything added; a completed future when the rest was hashed here."""
-        job, self._job = self._job, None
-        if job is not None and job.cancel():  # never started: do its share on this thread
-            self._pending[:0] = self._batch
-            job = None
-        rest, self._pending, self._batch, self._pending_octets = self._pending, [], [], 0
         out: Future[bytes] = Future()
-        if job is None:
-            _update_all(self._h, rest)
-            out.set_result(self._h.digest())
+        with self._lock:
+            if self._running:
+                job = self._job
+                if job is not None and job.cancel():  # never started: do its share on this thread
+                    self._running = False
+                else:  # the running job empties _pending, then completes `out`
+                    self._out = out
+                    return out
+            rest, self._pending, self._pending_octets = self._pending, [], 0
+            error = self._error
+        if error is not None:
+            out.set_exception(error)
             return out
-        # The rest is hashed by whichever thread completes the running job (no second hand-off).
-        job.add_done_callback(functools.partial(_complete, self._h, rest, out))
+        _update_all(self._h, rest)
+        out.set_result(self._h.digest())
         return out
-
-
-def _complete(h: hashlib._Hash, rest: Sequence[bytes | memoryview], out: Future[bytes],
-              job: Future[None]) -> None:
-    try:
-        job.result()
-        _update_all(h, rest)
-        out.set_result(h.digest())
-    except BaseException as exc:  # handed to the waiting caller, not swallowed
-        out.set_exception(exc)
 
 
 # -- incremental verification ------------------------------------------------------------------------
@@ -355,10 +409,9 @@ class BlockVerifier:
             # Hand the Repr-Digest its share first, so that the worker hashes while we hash the layers.
             self._repr.add([view.payload for view in views])
             if self._hashes:
-                for view in views:
-                    actual = view.digest()
-                    self._check.check_layer(view, actual)
-                    self._digests.append(actual)
+                digests = list(map(_DIGEST, map(hashlib.sha256, [view.payload for view in views])))
+                self._check.check_layers(views[0].layer, digests)
+                self._digests += digests
         return views
 
     def _on_header(self, header: ContainerHeader) -> None:
@@ -367,6 +420,8 @@ class BlockVerifier:
         self._hashes = self._check.hashes_layers(header)
         if header.container_length < self._offload_min:
             self._repr.inline()
+        else:  # at most ~32 hand-offs per block: fewer help a loaded machine, larger last jobs cost a free one
+            self._repr.min_span = max(self._repr.min_span, header.container_length // _SPANS_PER_BLOCK)
         self._repr.add([header.encode()])  # the header re-encodes to the octets received (fixed widths)
 
     def end(self) -> Future[bytes]:
@@ -412,13 +467,11 @@ def verify_block_bytes(buf: BufferLike, repr_digest: bytes, check: BlockCheck | 
     check.check_header(container.header)
     hasher = SpanHasher(executor if octets.nbytes >= offload_min else None)
     hasher.add([octets])  # on the worker, while this thread hashes the layers
-    digests: list[bytes] = []
+    digests: tuple[bytes, ...] = ()
     if check.hashes_layers(container.header):
-        for view in container.layers:
-            actual = view.digest()
-            check.check_layer(view, actual)
-            digests.append(actual)
+        digests = container.layer_digests()
+        check.check_layers(container.first_layer, digests)
     actual_repr = hasher.finish().result()
     if actual_repr != repr_digest:
         raise ReprDigestMismatchError(repr_digest, actual_repr)
-    return _finish_checks(check, container, actual_repr, tuple(digests))
+    return _finish_checks(check, container, actual_repr, digests)

@@ -35,7 +35,9 @@ TokenRange = tuple[int, int]  # half-open [start, end)
 LayerRange = tuple[int, int]  # inclusive [first, last]
 
 _URI_CHARS: Final = re.compile(r"[\x21-\x7e]+")
-_HEX_DIGITS: Final = frozenset("0123456789abcdef")
+# URIs that passed `check_uri`, with the schemes allowed then (only successes: errors are raised afresh).
+_VALID_URIS: Final[set[tuple[str, frozenset[str]]]] = set()
+_MAX_VALID_URIS: Final = 4096
 
 
 class JsonRecord:
@@ -110,9 +112,15 @@ def read_text(r: ObjectReader, name: str, *, max_length: int = 1024) -> str:
 def check_uri(value: object, member: str, schemes: frozenset[str] = HTTPS) -> str:
     """A role base URI; printable ASCII only, since URIs (RFC 3986) are ASCII and are compared as written."""
     text = check_str(value, member)
+    if (text, schemes) in _VALID_URIS:  # a few holders and instances recur in every record
+        return text
     if not _URI_CHARS.fullmatch(text):
         raise ValidationError(member, "must be a URI of printable ASCII characters")
-    return check_base_uri(text, member, schemes)
+    check_base_uri(text, member, schemes)
+    if len(_VALID_URIS) >= _MAX_VALID_URIS:
+        _VALID_URIS.clear()
+    _VALID_URIS.add((text, schemes))
+    return text
 
 
 def uri_scheme(uri: str) -> str:
@@ -199,11 +207,13 @@ def read_hex32_list(r: ObjectReader, name: str, *, max_items: int, nonempty: boo
     fast as one per item.  Any bad item falls back to the per-item parse, which names it.
     """
     items = r.list(name, max_items=max_items, nonempty=nonempty)
-    if all(type(item) is str and len(item) == 64 for item in items):
+    try:  # join and len() raise TypeError on a non-string item, which the per-item parse then names
         joined = "".join(items)  # type: ignore[arg-type]
-        if _HEX_DIGITS.issuperset(joined):
-            data = bytes.fromhex(joined)
-            return tuple(data[i : i + 32] for i in range(0, len(data), 32))
+        data = bytes.fromhex(joined) if set(map(len, items)) == {64} else None  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        data = None
+    if data is not None and data.hex() == joined:  # lowercase only: fromhex alone takes uppercase and spaces
+        return tuple([data[i : i + 32] for i in range(0, len(data), 32)])
     return r.hex_list(name, 32, max_items=max_items, nonempty=nonempty)
 
 

@@ -16,6 +16,7 @@ Rules enforced beyond the member types (the spec states the first two, the other
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Final, Self
 
@@ -28,6 +29,7 @@ from kvsp.records._common import (
     COMPAT_ID_OCTETS,
     HOLDER_SCHEMES,
     MAX_SAFE_INT,
+    MAX_UINT32,
     SCOPE_ID_OCTETS,
     JsonRecord,
     LayerRange,
@@ -46,6 +48,7 @@ STORAGE_TIERS: Final = frozenset({Tier.LOCAL_STORAGE, Tier.REMOTE_STORAGE})
 MAX_LAYER_DIGESTS: Final = 65536
 MAX_RESIDENCY: Final = 1024
 MAX_CODEC: Final = 0xFFFF
+_TIER_OF: Final[dict[str, Tier]] = {t.value: t for t in Tier}
 _NAMESPACE_MAX_CHARS: Final = 512  # five length-prefixed fields of at most 135 octets, base64url
 
 
@@ -79,8 +82,18 @@ class Residency(JsonRecord):
 
     @classmethod
     def from_reader(cls, r: ObjectReader) -> Self:
-        rate = r.optional("read_mbit_per_s", lambda n: read_finite(r, n, positive=True))
-        return cls(Tier(r.choice("tier", TIERS)), check_layer_range(r.raw("layers"), r.member("layers")), rate)
+        # The common shape (exact JSON types, values in range) is accepted by a few inline checks that
+        # imply the full rules below; anything else takes the full path, which names what is wrong.
+        name, layers, rate = r.get("tier"), r.get("layers"), r.get("read_mbit_per_s")
+        tier = _TIER_OF.get(name) if type(name) is str else None
+        if tier is not None and type(layers) is list and len(layers) == 2:
+            first, last = layers
+            if type(first) is int and type(last) is int and 0 <= first <= last <= MAX_UINT32 and (
+                    rate is None or (type(rate) is float and 0.0 < rate < math.inf)
+                    or (type(rate) is int and 0 < rate <= MAX_SAFE_INT)):
+                return cls(tier, (first, last), None if rate is None else float(rate))
+        read = r.optional("read_mbit_per_s", lambda n: read_finite(r, n, positive=True))
+        return cls(Tier(r.choice("tier", TIERS)), check_layer_range(r.raw("layers"), r.member("layers")), read)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"tier": self.tier.value, "layers": list(self.layers)}

@@ -18,8 +18,8 @@ its members, equality and JSON are untouched.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Final, Self
+from dataclasses import dataclass, field
+from typing import Any, Final, Self
 
 from kvsp._reader import ObjectReader
 from kvsp.records._common import (
@@ -66,6 +66,10 @@ class LinkIndex:
 
     by_holder: Mapping[str, Link]
     sound: bool
+    # Derived per link set by placement (kvsp.placement owns the keys and values: transfer times by holder
+    # and replica profile, start times by holder list).  The links are immutable, so what is derived from
+    # them holds as long as this index does.
+    derived: dict[object, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, links: tuple[Link, ...]) -> LinkIndex:
