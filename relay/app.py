@@ -9,7 +9,6 @@ On shutdown the relay drains: GOAWAY to every peer, ``drain_s`` for them to leav
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import AsyncIterator, Iterable
 
@@ -30,7 +29,7 @@ from moqt.wire import Namespace
 from relay.auth import relay_authorizer
 from relay.core import RelayStats, is_prefix
 from relay.server import Relay
-from relay.settings import RELAY_QUIC, RelaySettings
+from relay.settings import RelaySettings
 from relay.upstream import UpstreamLink
 
 log = logging.getLogger("kvsp.relay.app")
@@ -78,8 +77,7 @@ class RelayRole:
             raise ValidationError("tls", "the relay needs [tls]: every MOQT session is mutually authenticated (D3)")
         self.settings = settings
         keys = tuple(load_token_key(path) for path in settings.token_keys)
-        quic = dataclasses.replace(RELAY_QUIC, idle_timeout_s=settings.idle_timeout_s)
-        self.endpoint_config = EndpointConfig.from_files(tls.cert, tls.key, tls.ca, quic, token_keys=keys)
+        self.endpoint_config = EndpointConfig.from_files(tls.cert, tls.key, tls.ca, settings.quic, token_keys=keys)
         opened = settings.open_prefixes
         self.relay = Relay(settings, authorize=relay_authorizer(config.policy, peers=settings.peers,
                                                                 open_prefixes=opened),

@@ -13,24 +13,29 @@
     drain_s = 5.0                               # GOAWAY, then this long before sessions are closed
     upstream_timeout_s = 30.0                   # per object of an upstream FETCH
     idle_timeout_s = 30.0                       # QUIC idle timeout (a killed peer is noticed after it)
+    max_datagram_size = 1452                    # UDP payload to non-loopback peers (8952: jumbo frames)
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
 
 from control.config import RoleConfig
 from kvsp._reader import ObjectReader
 from kvsp.errors import ValidationError
 from kvsp.identifiers import check_base_uri
-from moqt.quic import MoqtUri, QuicSettings
+from moqt.quic import MAX_DATAGRAM_SIZE, MoqtUri, QuicSettings
 from moqt.wire import Namespace
 
 KNOWN_KEYS: Final = frozenset({
     "listen", "uri", "upstream", "peers", "open_prefixes", "cache_octets", "cache_ttl_s",
     "subscriber_buffer_octets", "token_keys", "drain_s", "upstream_timeout_s", "idle_timeout_s",
+    "max_datagram_size",
 })
 DEFAULT_CACHE_OCTETS: Final = 256 << 20
 DEFAULT_CACHE_TTL_S: Final = 60.0
@@ -59,6 +64,13 @@ class RelaySettings:
     drain_s: float = 5.0
     upstream_timeout_s: float = 30.0
     idle_timeout_s: float = 30.0  # QUIC idle timeout: how soon a silent (killed) publisher is noticed
+    max_datagram_size: int = RELAY_QUIC.max_datagram_size  # to non-loopback peers (loopback: 64 KiB)
+
+    @property
+    def quic(self) -> QuicSettings:
+        """`RELAY_QUIC` with this relay's idle timeout and datagram size."""
+        return dataclasses.replace(RELAY_QUIC, idle_timeout_s=self.idle_timeout_s,
+                                   max_datagram_size=self.max_datagram_size)
 
     @property
     def path(self) -> str:
@@ -86,6 +98,7 @@ class RelaySettings:
             drain_s=_seconds(r, "drain_s", 5.0),
             upstream_timeout_s=_seconds(r, "upstream_timeout_s", 30.0),
             idle_timeout_s=_seconds(r, "idle_timeout_s", 30.0),
+            max_datagram_size=_datagram_size(r),
         )
 
 
@@ -124,6 +137,13 @@ def _text(member: str, value: object) -> str:
 def _int(r: ObjectReader, name: str, default: int, *, minimum: int) -> int:
     value = r.optional(name, lambda n: r.int(n, minimum=minimum, maximum=MAX_OCTETS))
     return default if value is None else value
+
+
+def _datagram_size(r: ObjectReader) -> int:
+    """The path's UDP payload: at least QUIC's 1200 (RFC 9000 section 14), at most the IPv4 maximum."""
+    value = r.optional("max_datagram_size",
+                       lambda n: r.int(n, minimum=SMALLEST_MAX_DATAGRAM_SIZE, maximum=MAX_DATAGRAM_SIZE))
+    return RELAY_QUIC.max_datagram_size if value is None else value
 
 
 def _seconds(r: ObjectReader, name: str, default: float) -> float:

@@ -1,4 +1,5 @@
-"""The relay's sans-I/O rules: prefix routing, the object cache, send queues, backoff, auth, settings."""
+"""The relay's sans-I/O rules: prefix routing, the object cache, send queues, backoff, auth, settings
+(and the holder's MOQT datagram size, the same option)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ from pathlib import Path
 import pytest
 
 from control.config import RoleConfig, ServerConfig
+from control.holder.settings import HolderSettings
 from control.policy import Policy, ScopeGrant
 from kvsp.errors import ValidationError
 from kvsp.identifiers import role_id
 from moqt.api import Action, MoqtObject
+from moqt.quic import LOOPBACK_DATAGRAM_SIZE, QuicSettings
 from moqt.wire import Location
 from relay.auth import holder_of, relay_authorizer, scope_of
 from relay.core import NamespaceTable, ObjectCache, RelayStats, SendQueue, TrackEnd, is_prefix
-from relay.settings import RelaySettings
+from relay.settings import RELAY_QUIC, RelaySettings
 from relay.upstream import backoff_delay
 
 KEY = ((b"kvsp", b"c"), b"raw")
@@ -181,7 +184,37 @@ def test_settings_parse_and_validate() -> None:
     bads: list[dict[str, object]] = [
         {"listen": "nope", "uri": "moqt://h:1/r"}, {**base, "uri": "https://h/"}, {**base, "cache_ttl_s": 0},
         {**base, "subscriber_buffer_octets": 0}, {**base, "open_prefixes": ["a//b"]}, {**base, "color": 1},
-        {**base, "peers": ["moqt://x:1/"]}, {"uri": "moqt://h:1/r"}]
+        {**base, "peers": ["moqt://x:1/"]}, {"uri": "moqt://h:1/r"}, {**base, "max_datagram_size": 1199},
+        {**base, "max_datagram_size": 65508}, {**base, "max_datagram_size": "9000"}]
     for bad in bads:
         with pytest.raises(ValidationError):
             RelaySettings.from_config(config(bad))
+
+
+def test_settings_datagram_size_for_non_loopback_peers() -> None:
+    base: dict[str, object] = {"listen": "127.0.0.1:1", "uri": "moqt://h:1/r"}
+    default = RelaySettings.from_config(config(base)).quic
+    assert default.datagram_size_for(("10.0.0.1", 1)) == QuicSettings().max_datagram_size
+    assert default.datagram_size_for(("127.0.0.1", 1)) == LOOPBACK_DATAGRAM_SIZE
+    jumbo = RelaySettings.from_config(config({**base, "max_datagram_size": 8952, "idle_timeout_s": 2})).quic
+    assert jumbo.datagram_size_for(("10.0.0.1", 1)) == 8952
+    assert jumbo.datagram_size_for(("::1", 1)) == LOOPBACK_DATAGRAM_SIZE
+    assert (jumbo.idle_timeout_s, jumbo.recv_batch, jumbo.ack_delay_s) == (2.0, RELAY_QUIC.recv_batch,
+                                                                             RELAY_QUIC.ack_delay_s)
+
+
+def test_holder_moqt_datagram_size_like_the_relays() -> None:
+    def holder(section: dict[str, object]) -> HolderSettings:
+        server = ServerConfig("https://127.0.0.1:1/h/", "127.0.0.1", 1)
+        return HolderSettings.from_config(RoleConfig(("holder",), server, None, Policy(), Path("/etc/kv"),
+                                                     {"holder": section}))
+
+    listener: dict[str, object] = {"moqt_listen": "127.0.0.1:4433", "moqt_uri": "moqt://127.0.0.1:4433/holder"}
+    default = holder(listener).moqt
+    assert default is not None and default.max_datagram_size == QuicSettings().max_datagram_size
+    jumbo = holder({**listener, "moqt_max_datagram_size": 8952}).moqt
+    assert jumbo is not None and jumbo.max_datagram_size == 8952
+    for bad in ({**listener, "moqt_max_datagram_size": 1000}, {**listener, "moqt_max_datagram_size": 70000},
+                {"moqt_max_datagram_size": 8952}):
+        with pytest.raises(ValidationError):
+            holder(bad)

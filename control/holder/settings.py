@@ -9,12 +9,13 @@
     storage_dir = "blocks"                   # local-storage tier; absent disables it
     storage_capacity_octets = 107374182400
     encryption_key_file = "storage.key"      # AES-256-GCM key of local-storage (made if absent)
-    verify_stored = true                     # at startup, read and check every stored block before adopting it
+    verify_stored = true                     # after startup, read and check every adopted block (background)
     withdraw_timeout_ms = 2000               # how long an eviction waits for the IS to confirm
     moqt_listen = "127.0.0.1:4433"           # optional: also serve blocks over MOQT (UDP, decision D3)
     moqt_uri = "moqt://127.0.0.1:4433/holder"  # the holder of the MOQT records; required with moqt_listen
     moqt_token_keys = ["issuer.pub.pem"]     # optional: keys that sign AUTHORIZATION_TOKENs (ES256)
     moqt_relay = "moqt://127.0.0.1:4443/relay"  # optional: publish through the rack relay (records name it)
+    moqt_max_datagram_size = 1452            # optional: UDP payload to non-loopback MOQT peers (8952: jumbo)
     torch_tiers = false                      # host tier as torch uint8 tensors (pinned with CUDA)
     device_capacity_octets = 0               # device tier (CUDA memory); absent without CUDA
     device = "cuda"                          # the torch device of the device tier
@@ -32,12 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
+
 from control.config import RoleConfig
 from kvsp._reader import ObjectReader
 from kvsp.descriptor import CompatDescriptor
 from kvsp.errors import ValidationError
 from kvsp.records._common import MAX_SAFE_INT, check_uri
-from moqt.quic import MoqtUri
+from moqt.quic import MAX_DATAGRAM_SIZE, MoqtUri, QuicSettings
 
 DEFAULT_REPLICA_TTL_MS: Final = 120_000
 DEFAULT_RETENTION_MS: Final = 3_600_000
@@ -45,10 +48,11 @@ DEFAULT_HOST_CAPACITY: Final = 1 << 30
 DEFAULT_STORAGE_CAPACITY: Final = 16 << 30
 DEFAULT_WITHDRAW_TIMEOUT_MS: Final = 2_000
 DEFAULT_KEY_FILE: Final = "holder-storage.key"
+DEFAULT_MOQT_DATAGRAM_SIZE: Final = QuicSettings().max_datagram_size
 KNOWN_KEYS: Final = frozenset({
     "index", "descriptors", "replica_ttl_ms", "retention_ms", "host_capacity_octets", "storage_dir",
     "storage_capacity_octets", "encryption_key_file", "verify_stored", "withdraw_timeout_ms",
-    "moqt_listen", "moqt_uri", "moqt_token_keys", "moqt_relay",
+    "moqt_listen", "moqt_uri", "moqt_token_keys", "moqt_relay", "moqt_max_datagram_size",
     "torch_tiers", "device_capacity_octets", "device", "fast_layers",
 })
 
@@ -117,14 +121,16 @@ class MoqtSettings:
     uri: str
     token_keys: tuple[Path, ...] = ()
     relay: str | None = None  # moqt_relay: publish through this (rack) relay; records then name it
+    max_datagram_size: int = DEFAULT_MOQT_DATAGRAM_SIZE  # to non-loopback peers (loopback: 64 KiB)
 
 
 def _moqt(r: ObjectReader, config: RoleConfig) -> MoqtSettings | None:
     listen = r.optional("moqt_listen", lambda n: r.str(n, max_length=300))
     uri = r.optional("moqt_uri", lambda n: r.str(n, max_length=2048))
     if listen is None and uri is None:
-        if r.has("moqt_token_keys"):
-            raise ValidationError("holder.moqt_token_keys", "needs moqt_listen and moqt_uri")
+        for name in ("moqt_token_keys", "moqt_max_datagram_size"):
+            if r.has(name):
+                raise ValidationError(f"holder.{name}", "needs moqt_listen and moqt_uri")
         return None
     if listen is None or uri is None:
         raise ValidationError("holder.moqt_listen", "moqt_listen and moqt_uri go together")
@@ -147,7 +153,10 @@ def _moqt(r: ObjectReader, config: RoleConfig) -> MoqtSettings | None:
             MoqtUri.parse(relay)
         except ValueError as exc:
             raise ValidationError("holder.moqt_relay", str(exc)) from exc
-    return MoqtSettings(host.strip("[]") or "127.0.0.1", int(port), uri, tuple(keys), relay)
+    datagram = r.optional("moqt_max_datagram_size",
+                          lambda n: r.int(n, minimum=SMALLEST_MAX_DATAGRAM_SIZE, maximum=MAX_DATAGRAM_SIZE))
+    return MoqtSettings(host.strip("[]") or "127.0.0.1", int(port), uri, tuple(keys), relay,
+                        DEFAULT_MOQT_DATAGRAM_SIZE if datagram is None else datagram)
 
 
 def _int(r: ObjectReader, name: str, default: int, *, minimum: int) -> int:

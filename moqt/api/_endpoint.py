@@ -144,8 +144,10 @@ class Inbox:
             self._waiter.set_result(None)
 
     async def wait_answered(self) -> None:
-        """Until the publisher answered (OK) or the request is over; raises the request's error."""
-        while not self.tracker.answered or self.tracker.error is not None:
+        """Until the publisher answered (OK) or the request is over; raises the request's error if it
+        failed before an OK. After an OK, a later error (a stream reset, the session lost) is `get`'s to
+        raise, once the objects received before it have been taken: the consumer loses none of them."""
+        while not self.tracker.accepted:
             if self.tracker.error is not None:
                 raise self.tracker.error
             if self.tracker.finished:

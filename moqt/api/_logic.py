@@ -217,6 +217,7 @@ class RequestTracker:
     kind: RequestKind
     end_group: int | None = None
     answered: bool = False
+    accepted: bool = False  # answered with FETCH_OK / SUBSCRIBE_OK (not refused)
     streams_ended: int = 0
     done_count: int | None = None
     done_code: int | None = None
@@ -234,7 +235,7 @@ class RequestTracker:
             self.error = error
 
     def on_ok(self, message: ControlMessage | None = None) -> None:
-        self.answered = True
+        self.answered = self.accepted = True
         self.ok = message
 
     def on_refused(self, code: int, reason: str) -> None:

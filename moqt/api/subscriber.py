@@ -62,8 +62,9 @@ class ObjectStream:
 
     async def answered(self) -> ControlMessage | None:
         """Wait for the publisher's FETCH_OK / SUBSCRIBE_OK and return it (a relay forwards its End
-        Location, End Of Track, Largest Location); raises the refusal (``FetchRefused``...) or the
-        transfer error. None when the request finished without an OK being seen."""
+        Location, End Of Track, Largest Location); raises the refusal (``FetchRefused``...) or a transfer
+        error that came before any OK; one after the OK is raised by the iteration, after the objects
+        received before it. None when the request finished without an OK being seen."""
         try:
             async with asyncio.timeout(self._timeout_s):
                 await self._inbox.wait_answered()
