@@ -16,12 +16,14 @@ import pytest
 
 from control.config import RoleConfig
 from control.holder.app import HOLDER, format_repr_digest, parse_repr_digest
+from control.holder.moqt import BlockTrack
 from control.holder.service import Holder
 from control.policy import Quotas
-from kvsp.container import decode_container
+from kvsp.container import LayerRange, decode_container
 from kvsp.errors import ValidationError
 from kvsp.problems import PROBLEM_TYPE_BASE
 from kvsp.records import ReplicaRecord
+from moqt.wire import Location
 from tests.support import DevPki, FakeClock, role_config, running
 from tests.test_holder_support import (
     OTHER_SCOPE,
@@ -240,14 +242,29 @@ async def test_no_client_certificate_fails_the_handshake(client: Client, pki: De
 async def test_metrics_count_stores_and_serves(client: Client) -> None:
     body = container(D, 16)
     await client.put(16, body)
-    await client.get(16)
-    await client.get(16, "?layers=0-0")
+    _, whole, _ = await client.get(16)
+    _, first, _ = await client.get(16, "?layers=0-0")
     async with client.http.get(client.base + "metrics") as r:
         text = await r.text()
     assert "kvsp_holder_blocks_stored_total 1.0" in text
     assert 'kvsp_holder_blocks_served_total{part="full"} 1.0' in text
     assert 'kvsp_holder_blocks_served_total{part="range"} 1.0' in text
     assert 'kvsp_holder_tier_used_octets{tier="host"}' in text
+    https = _sample(text, 'kvsp_holder_bytes_served_total{transport="https"}')
+    assert https == len(whole) + len(first) and whole == body  # the containers sent
+    # the MOQT path (BlockTrack, what a FETCH reads) counts its layer payloads under transport="moqt"
+    entry = client.holder.store.get(block_id(D, 16), client.holder.clock())
+    assert entry is not None
+    objects = [o async for o in BlockTrack(client.holder, entry).read(Location(0, 0), Location(0, 2))]
+    assert len(objects) == 2
+    async with client.http.get(client.base + "metrics") as r:
+        text = await r.text()
+    assert _sample(text, 'kvsp_holder_bytes_served_total{transport="moqt"}') == entry.meta.octets(LayerRange(0, 1))
+    assert _sample(text, 'kvsp_holder_bytes_served_total{transport="https"}') == https
+
+
+def _sample(text: str, key: str) -> float:
+    return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(key + " "))
 
 
 def test_repr_digest_field_codec() -> None:

@@ -7,9 +7,12 @@ process, over mutual TLS) on one storage folder with the real Index Service."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import os
+import socket
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -32,8 +35,9 @@ from control.holder.disk import (
     RECORD_SUFFIX,
     Adoption,
     DiskTier,
+    VerifyError,
 )
-from control.holder.service import stored_accepts
+from control.holder.service import Holder, stored_accepts
 from control.holder.store import BlockId, BlockMeta, BlockStore, Evict, Segment, Withdraw
 from control.holder.tiers import HostTier, StorageCorruptError
 from control.holder.tierset import TierSet
@@ -170,6 +174,25 @@ def test_without_verification_a_damaged_segment_is_found_by_the_read(tmp_path: P
     assert bytes(again.read(meta, LayerRange(1, 5))) == bytes(decode_container(body).slice(1, 5)[1])
     with pytest.raises(StorageCorruptError):
         again.read(meta, meta.layers)
+
+
+@pytest.mark.parametrize("damage", ["ciphertext", "last tag"])
+def test_verify_finds_damaged_segments_that_metadata_adoption_accepts(tmp_path: Path, damage: str) -> None:
+    disk = DiskTier(tmp_path / "blocks", KEY)
+    disk.prepare()
+    meta, body = block(1)
+    good, good_body = block(2)
+    disk.write(meta, meta.layers, data_of(body))
+    disk.write(good, good.layers, data_of(good_body))
+    DAMAGE[damage][0](disk, meta)
+    again = DiskTier(tmp_path / "blocks", KEY)
+    adoption = again.adopt(accept_d, 3600.0, time.time(), verify=False)
+    assert sorted(a.meta.block.block_key for a in adoption.adopted) == sorted((meta.block.block_key,
+                                                                               good.block.block_key))
+    again.verify(good)
+    with pytest.raises(VerifyError) as caught:
+        again.verify(meta)
+    assert caught.value.reason == DROP_TAMPERED
 
 
 def test_unconfigured_compat_expired_and_incomplete_blocks_are_removed(tmp_path: Path) -> None:
@@ -320,6 +343,13 @@ async def _listed(index: IndexClient, b: BlockId) -> bool:
     return found.matched == 1
 
 
+async def _started(holder: Holder) -> None:
+    """The adopted blocks are published and checked, and the IS has answered."""
+    await asyncio.wait_for(holder.adoption_published.wait(), 10)
+    await asyncio.wait_for(holder.verification_done.wait(), 10)
+    await holder.publisher.drain()
+
+
 def _metric(text: str, line: str) -> float:
     return next(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(line))
 
@@ -339,7 +369,7 @@ async def test_a_restarted_holder_serves_publishes_and_leases_its_stored_blocks(
             assert [await _listed(index, b) for b in blocks] == [False] * 3  # clean shutdown withdrew them
             async with c.holder() as app:
                 holder = app[HOLDER]
-                await holder.publisher.drain()
+                await _started(holder)
                 assert len(holder.store) == 3 and holder.store.used(Tier.LOCAL_STORAGE) == 3 * DATA
                 assert [await _listed(index, b) for b in blocks] == [True] * 3
                 record = holder.record_of(blocks[0])
@@ -383,7 +413,7 @@ async def test_a_restart_drops_what_it_cannot_trust(tmp_path: Path) -> None:
             temp.parent.mkdir(exist_ok=True)
             temp.write_bytes(os.urandom(200))
             async with c.holder() as app:
-                await app[HOLDER].publisher.drain()
+                await _started(app[HOLDER])
                 assert list(app[HOLDER].store) and [e.block for e in app[HOLDER].store] == [good]
                 async with http.get(c.url(good)) as r:
                     assert r.status == 200 and await r.read() == container(D, 1)
@@ -411,10 +441,117 @@ async def test_a_restart_with_less_capacity_evicts_the_oldest(tmp_path: Path) ->
                     time.sleep(0.01)  # distinct stored-at times (wall clock): the oldest goes first
             async with c.holder(capacity_blocks=2) as app:
                 holder = app[HOLDER]
-                await holder.publisher.drain()
+                await _started(holder)
                 assert holder.store.used(Tier.LOCAL_STORAGE) == 2 * DATA
                 assert [e.block for e in holder.store] == blocks[1:]
                 async with http.get(c.url(blocks[0])) as r:
                     assert r.status == 404
                 assert holder.disk is not None and not holder.disk.exists(blocks[0])
                 assert [await _listed(index, b) for b in blocks] == [False, True, True]
+
+
+class SlowVerifier:
+    """`DiskTier.verify` held back until released: background verification outlasts the checks."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        original = DiskTier.verify
+
+        def slowed(tier: DiskTier, meta: BlockMeta) -> None:
+            self.started.set()
+            self.gate.wait(10)  # bounded: a failing test must not leave the worker thread behind
+            original(tier, meta)
+
+        monkeypatch.setattr(DiskTier, "verify", slowed)
+
+
+async def _stored(c: Cluster, http: aiohttp.ClientSession, ns: tuple[int, ...]) -> list[BlockId]:
+    async with c.holder() as app:
+        blocks = [await _put(http, c, n) for n in ns]
+        await app[HOLDER].publisher.drain()
+    return blocks
+
+
+async def test_a_restarted_holder_serves_and_publishes_before_verification_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = Cluster(tmp_path)
+    slow = SlowVerifier(monkeypatch)
+    async with c.is_config(), KvspSession(c.pki.client_ssl("client")) as session:
+        index = IndexClient(session, c.pki.uri("is"))
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=c.pki.client_ssl("client"))) as http:
+            blocks = await _stored(c, http, (1, 2))
+            try:
+                async with c.holder() as app:
+                    holder = app[HOLDER]
+                    await asyncio.wait_for(holder.adoption_published.wait(), 10)
+                    await holder.publisher.drain()
+                    assert slow.started.wait(10) and not holder.verification_done.is_set()
+                    for n, b in zip((1, 2), blocks, strict=True):
+                        async with http.get(c.url(b)) as r:
+                            assert r.status == 200 and await r.read() == container(D, n)
+                    assert [await _listed(index, b) for b in blocks] == [True, True]
+                    assert not holder.verification_done.is_set()  # all of that while the check was held back
+                    slow.gate.set()
+                    await asyncio.wait_for(holder.verification_done.wait(), 10)
+                    assert len(holder.store) == 2
+            finally:
+                slow.gate.set()
+
+
+async def test_tampered_data_found_in_the_background_is_dropped_and_withdrawn(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = Cluster(tmp_path)
+    slow = SlowVerifier(monkeypatch)
+    async with c.is_config(), KvspSession(c.pki.client_ssl("client")) as session:
+        index = IndexClient(session, c.pki.uri("is"))
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=c.pki.client_ssl("client"))) as http:
+            good, tampered = await _stored(c, http, (1, 2))
+            try:
+                async with c.holder() as app:
+                    holder = app[HOLDER]
+                    assert holder.disk is not None
+                    _flip(holder.disk.path(tampered), holder.disk.path(tampered).stat().st_size - 100)
+                    await asyncio.wait_for(holder.adoption_published.wait(), 10)
+                    await holder.publisher.drain()
+                    assert tampered in holder.store and await _listed(index, tampered)  # metadata is intact
+                    slow.gate.set()
+                    await _started(holder)
+                    assert [e.block for e in holder.store] == [good]
+                    assert [await _listed(index, b) for b in (good, tampered)] == [True, False]
+                    assert not holder.disk.exists(tampered)
+                    async with http.get(c.url(tampered)) as r:
+                        assert r.status == 404
+                    async with http.get(c.pki.uri("holder") + "metrics") as r:
+                        text = await r.text()
+                    assert _metric(text, f'kvsp_holder_adoption_drops_total{{reason="{DROP_TAMPERED}"}}') == 1
+                    assert _metric(text, 'kvsp_holder_digest_failures_total{where="storage"}') == 1
+            finally:
+                slow.gate.set()
+
+
+async def test_adopted_records_are_published_once_the_listener_is_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = Cluster(tmp_path)
+    port = int(c.pki.uri("holder").split(":")[2].split("/")[0])
+    accepting: list[bool] = []
+    original = Holder.publish_adopted
+
+    def publish_adopted(holder: Holder) -> int:
+        try:  # a blocking connect: the kernel completes it when the port listens, whatever the event loop does
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            accepting.append(True)
+        except OSError:
+            accepting.append(False)
+        return original(holder)
+
+    monkeypatch.setattr(Holder, "publish_adopted", publish_adopted)
+    async with c.is_config(), KvspSession(c.pki.client_ssl("client")) as session:
+        index = IndexClient(session, c.pki.uri("is"))
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=c.pki.client_ssl("client"))) as http:
+            blocks = await _stored(c, http, (1, 2))
+            accepting.clear()  # the first run (nothing adopted) may have ended before its publication
+            async with c.holder() as app:
+                await _started(app[HOLDER])
+                assert accepting == [True]
+                assert [await _listed(index, b) for b in blocks] == [True, True]

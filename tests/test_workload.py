@@ -17,7 +17,7 @@ from kvsp.up import report
 from kvsp.up.layout import BASELINE_SUFFIX, Deployment, UpOptions, prepare
 from kvsp.up.main import checks
 from kvsp.up.runner import KillRecord, RequestResult, RunResult
-from kvsp.up.scrape import Scraper, labelled, parse_exposition, total
+from kvsp.up.scrape import Scraper, by_label, labelled, parse_exposition, total
 from kvsp.up.workload import Conversation, WorkloadSpec, build, percentile
 from relay.settings import RelaySettings
 
@@ -111,8 +111,8 @@ def test_figures_from_results_and_metrics() -> None:
     assert fig["tokens"] == {"fetched_local": 32.0, "fetched_remote": 16.0, "recomputed": 8.0,
                              "fetched_ratio": round(48 / 56, 4)}
     assert fig["lease_rejections"] == 2.0
-    assert fig["bytes"] == {"holder_octets": 4096.0, "http_blocks": 0, "moqt_blocks": 0, "moqt_octets": None,
-                            "relay_octets_out": 100.0}
+    assert fig["bytes"] == {"holder_octets": 4096.0, "holder_https_octets": 0.0, "holder_moqt_octets": 0.0,
+                            "http_blocks": 0, "moqt_blocks": 0, "moqt_octets": None, "relay_octets_out": 100.0}
     assert fig["relay"] == {"running": True, "cache_hits": 3.0}
     assert fig["outputs_vs_baseline"] == {"compared": 3, "identical": 2, "differing": ["c/2"]}
     assert fig["kill"]["completed"] == 1 and fig["kill"]["identical_to_baseline"] == 1  # type: ignore[index]
@@ -124,6 +124,24 @@ def test_figures_from_results_and_metrics() -> None:
     assert verdict["greedy outputs identical to the no-failure baseline"] is False
     table = report.table(fig)
     assert "lookup hit ratio (keys)" in table and "2/3" in table
+
+
+def test_holder_octets_are_split_by_transport() -> None:
+    exposition = """# TYPE kvsp_holder_bytes_served_total counter
+kvsp_holder_bytes_served_total{transport="https"} 3000.0
+kvsp_holder_bytes_served_total{transport="moqt"} 500.0
+kvsp_holder_blocks_served_total{part="full"} 2.0
+kvsp_holder_blocks_served_total{part="moqt-full"} 1.0
+"""
+    h2 = parse_exposition(exposition)
+    assert by_label(h2, "kvsp_holder_bytes_served_total", "transport") == {"https": 3000.0, "moqt": 500.0}
+    metrics = {"h1": {'kvsp_holder_bytes_served_total{transport="moqt"}': 20.0}, "h2": h2}
+    fig = report.build(WorkloadSpec(chats=1, turns=1), RunResult("main", 1.0, [result("c/0", [1])]), None,
+                       metrics, {})
+    assert fig["bytes"] == {"holder_octets": 3520.0, "holder_https_octets": 3000.0, "holder_moqt_octets": 520.0,
+                            "http_blocks": 2.0, "moqt_blocks": 1.0, "moqt_octets": None, "relay_octets_out": None}
+    row = next(line for line in report.table(fig).splitlines() if line.startswith("octets over HTTPS / MOQT"))
+    assert row.endswith("3,000 / 520")
 
 
 def test_checks_fail_without_the_planned_kill_and_on_failed_requests() -> None:

@@ -58,6 +58,8 @@ HOLDER: web.AppKey[Holder] = web.AppKey("kvsp.holder", Holder)
 REPR_DIGEST: Final = "Repr-Digest"
 ACCEPTED_BLOCK_TYPES: Final = frozenset({BLOCK_MEDIA_TYPE, "application/octet-stream"})
 SHUTDOWN_WITHDRAW_S: Final = 5.0
+LISTEN_PROBE_S: Final = 0.02  # first retry of the listener probe (doubling to 1 s)
+_LOOPBACK: Final = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}  # wildcard binds: probe locally
 
 
 def setup(app: web.Application, config: RoleConfig) -> None:
@@ -82,9 +84,10 @@ def setup(app: web.Application, config: RoleConfig) -> None:
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    """Startup: prepare and measure local storage, connect to the IS, adopt what local storage holds
-    from an earlier process, start maintenance.
-    Shutdown: stop maintenance and withdraw every published record (spec 6.1, clean shutdown)."""
+    """Startup: prepare and measure local storage, connect to the IS, adopt the metadata of what local
+    storage holds from an earlier process, start maintenance and, in the background, the check of the
+    adopted files' contents (``verify_stored``) and, once the listeners serve, their publication.
+    Shutdown: stop that work and withdraw every published record (spec 6.1, clean shutdown)."""
     holder, config = app[HOLDER], app[CONFIG]
     if holder.disk is not None:
         await asyncio.to_thread(holder.disk.prepare)
@@ -94,17 +97,51 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     if holder.settings.index is not None:
         session = KvspSession(client_context(config.tls) if config.tls is not None else None)
         holder.publisher.index = IndexClient(session, holder.settings.index)
-    await holder.adopt()  # blocks an earlier process stored: verified, fitted to capacity, published
-    task = asyncio.get_running_loop().create_task(holder.run())
+    await holder.adopt()  # metadata only: the listener comes up without reading every stored file
+    loop = asyncio.get_running_loop()
+    tasks: list[asyncio.Task[None] | asyncio.Task[int]] = [
+        loop.create_task(holder.run()), loop.create_task(_publish_when_listening(holder, config))]
+    if holder.settings.verify_stored:
+        tasks.append(loop.create_task(holder.verify_adopted()))
+    else:
+        holder.verification_done.set()
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await holder.publisher.withdraw_all(SHUTDOWN_WITHDRAW_S)
         if session is not None:
             await session.close()
+
+
+async def _publish_when_listening(holder: Holder, config: RoleConfig) -> None:
+    """Publish the adopted blocks once the HTTPS listener accepts connections.
+
+    aiohttp runs every cleanup context's startup (the MOQT listener's included, set up after this
+    one) before it opens the HTTPS site, so a listening HTTPS port means both serve.  The site is
+    not visible from here: the port is probed with plain TCP connects (closed before any TLS).
+    """
+    port = config.server.port
+    if port != 0:  # an ephemeral listener is not reachable at the base URI anyway: nothing to wait for
+        host = _LOOPBACK.get(config.server.host, config.server.host)
+        delay = LISTEN_PROBE_S
+        while True:
+            try:
+                _, writer = await asyncio.open_connection(host, port)
+            except OSError:
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 1.0)
+                continue
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            break
+    published = holder.publish_adopted()
+    log.info("listening: published the records of %d adopted blocks", published)
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -216,7 +253,7 @@ async def get_block(request: web.Request) -> web.StreamResponse:
         for part in rep.parts:
             await response.write(part)
         holder.metrics.blocks_served.labels("full" if layers == entry.meta.layers else "range").inc()
-        holder.metrics.bytes_served.inc(rep.length)
+        holder.metrics.bytes_served.labels("https").inc(rep.length)
     await response.write_eof()
     return response
 

@@ -21,7 +21,8 @@ Beside each file, ``<name>.kvsm`` is its commit record, sealed with the same key
 clock), the layers the file holds, the header digest, the Repr-Digest and the layer digests.  Files and
 records are made under temporary names, fsynced and renamed; the record is replaced after the data is
 on disk, so it never names layers that are not.  At startup `DiskTier.adopt` takes over complete,
-intact files (a restart keeps the cache) and removes everything else named like ours.
+intact files (a restart keeps the cache) and removes everything else named like ours; the holder
+adopts the metadata only and checks the contents with `DiskTier.verify` in the background.
 
 The key is 32 octets in ``encryption_key_file`` (raw, or 64 hex digits); it is generated with mode
 0600 when absent.  ``read_mbit_per_s`` is measured, never configured: a calibration block is written,
@@ -202,6 +203,14 @@ Accepts = Callable[[BlockId, ContainerHeader], bool]
 class _Rejected(TierError):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
+        self.reason = reason
+
+
+class VerifyError(StorageCorruptError):
+    """A stored block failed `DiskTier.verify`; ``reason`` is one of the DROP_* values."""
+
+    def __init__(self, block: BlockId, reason: str, detail: str) -> None:
+        super().__init__(block, detail)
         self.reason = reason
 
 
@@ -458,6 +467,25 @@ class DiskTier:
             os.close(fd)
         self._held[block] = (meta.layers, record.stored_at)
         return Adopted(meta, record.stored_at)
+
+    def verify(self, meta: BlockMeta) -> None:
+        """Check an adopted block's file in full, as ``adopt(verify=True)`` does (the holder's background
+        verification after a restart).  Raises `VerifyError` (a `StorageCorruptError` with the drop
+        reason) when a segment fails authentication or its digest, `StorageMissingError` when the
+        file is gone.  Blocking: run it in a worker thread."""
+        try:
+            fd = os.open(self.path(meta.block), os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise StorageMissingError(f"stored block {meta.block} is gone") from exc
+        try:
+            layout = _Layout.of(meta)
+            if os.pread(fd, len(layout.header), 0) != layout.header:
+                raise VerifyError(meta.block, DROP_TAMPERED, "the file header differs from its record")
+            self._verify(fd, meta, layout)
+        except _Rejected as exc:
+            raise VerifyError(meta.block, exc.reason, str(exc).removeprefix(f"stored block {meta.block}: ")) from exc
+        finally:
+            os.close(fd)
 
     def _load_record(self, block: BlockId) -> _Record:
         with self._record_path(block).open("rb") as f:

@@ -12,8 +12,8 @@ from control.metrics import Metrics
 @dataclass(frozen=True, slots=True)
 class HolderMetrics:
     blocks_stored: Counter
-    blocks_served: Counter  # label: part (full, range)
-    bytes_served: Counter
+    blocks_served: Counter  # label: part (full, range; moqt-full, moqt-range)
+    bytes_served: Counter  # label: transport (https, moqt)
     store_rejections: Counter  # label: reason (exists, full, digest, malformed, incompatible)
     lease_grants: Counter
     lease_rejections: Counter  # label: reason (ttl, octets, not-found)
@@ -31,10 +31,14 @@ class HolderMetrics:
     @classmethod
     def register(cls, metrics: Metrics) -> HolderMetrics:
         c, g = metrics.counter, metrics.gauge
+        served = c("kvsp_holder_bytes_served_total", "Octets served: HTTPS containers, MOQT layer payloads",
+                   ("transport",))
+        for transport in ("https", "moqt"):  # both series from the start (0), so rates exist before a read
+            served.labels(transport)
         return cls(
             blocks_stored=c("kvsp_holder_blocks_stored_total", "Blocks stored by PUT"),
             blocks_served=c("kvsp_holder_blocks_served_total", "Block representations served", ("part",)),
-            bytes_served=c("kvsp_holder_bytes_served_total", "Octets of block representations served"),
+            bytes_served=served,
             store_rejections=c("kvsp_holder_store_rejections_total", "Block PUTs refused", ("reason",)),
             lease_grants=c("kvsp_holder_lease_grants_total", "Leases granted"),
             lease_rejections=c("kvsp_holder_lease_rejections_total", "Lease requests refused", ("reason",)),

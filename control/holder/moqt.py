@@ -76,7 +76,7 @@ class BlockTrack:
                 yield layer_object(layer, data[lo:hi], meta.header.lengths[layer][0], meta.codec)
         metrics = self.holder.metrics
         metrics.blocks_served.labels("moqt-full" if layers == meta.layers else "moqt-range").inc()
-        metrics.bytes_served.inc(meta.octets(layers))
+        metrics.bytes_served.labels("moqt").inc(meta.octets(layers))
 
     async def _read(self, layers: LayerRange) -> memoryview:
         """K||V of ``layers`` the way HTTPS GET reads them: a view of host memory, else decrypted from
@@ -169,7 +169,8 @@ class HolderMoqt:
         if tls is None:
             raise ValueError("the holder's MOQT listener needs [tls] (mutual authentication, D3)")
         keys = tuple(_public_key(path) for path in self.settings.token_keys)
-        return EndpointConfig.from_files(tls.cert, tls.key, tls.ca, QuicSettings(), token_keys=keys)
+        quic = QuicSettings(max_datagram_size=self.settings.max_datagram_size)
+        return EndpointConfig.from_files(tls.cert, tls.key, tls.ca, quic, token_keys=keys)
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         config = self.endpoint_config()

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from control.holder.disk import DiskTier
+from control.holder.disk import DROP_UNREADABLE, DiskTier, VerifyError
 from control.holder.leases import LeaseQuotaError, LeaseState, LeaseTable
 from control.holder.metrics import HolderMetrics
 from control.holder.publisher import Publisher
@@ -50,7 +50,7 @@ from control.holder.store import (
     Segment,
     Withdraw,
 )
-from control.holder.tiers import MemoryTier, StorageCorruptError, TierError
+from control.holder.tiers import MemoryTier, StorageCorruptError, StorageMissingError, TierError
 from control.holder.tierset import TierSet
 from control.policy import Quotas
 from kvsp.container import ContainerHeader, Geometry, LayerRange, parse_header
@@ -108,6 +108,9 @@ class Holder:
                                 fast_layers=settings.fast_layers)
         self.publisher = Publisher(base_uri, self.record_of, clock, settings.replica_ttl_ms / 3000, metrics)
         self._mutex = asyncio.Lock()
+        self._adopted: tuple[BlockMeta, ...] = ()  # taken over from local storage at startup
+        self.adoption_published = asyncio.Event()  # their records are published (the listeners serve)
+        self.verification_done = asyncio.Event()  # their contents are checked (or verify_stored is off)
         self._wake = asyncio.Event()
         # Keyed by the full container's digest too, so a block stored again with other octets misses.
         self._range_digests: OrderedDict[tuple[BlockId, bytes, LayerRange], bytes] = OrderedDict()
@@ -203,16 +206,18 @@ class Holder:
     async def adopt(self) -> int:
         """Take over the blocks an earlier process left in local storage (a restart keeps the cache).
 
-        The files are verified in a worker thread (`DiskTier.adopt`); what fails is removed and
-        counted.  The rest enter the store with their stored-at times, oldest first (so least recently
-        used), the tiers are trimmed to their capacities, and every adopted block is published with a
-        fresh TTL.  Call once at startup, before serving.  Returns how many blocks were adopted.
+        Only the metadata is checked here, in a worker thread (`DiskTier.adopt` without ``verify``:
+        commit records authenticate, headers match, files are long enough); what fails is removed,
+        counted, and withdrawn at once (after a crash the IS may still list it).  The rest enter the
+        store with their stored-at times, oldest first (so least recently used), and the tiers are
+        trimmed to their capacities.  Their records are published by `publish_adopted` once the
+        listeners serve, their contents checked by `verify_adopted` while serving.  Call once at
+        startup, before serving.  Returns how many blocks were adopted.
         """
         if self.disk is None:
             return 0
         adoption = await asyncio.to_thread(self.disk.adopt, stored_accepts(self.settings.descriptors),
-                                           self.settings.retention_ms / 1000, self.wall(),
-                                           verify=self.settings.verify_stored)
+                                           self.settings.retention_ms / 1000, self.wall(), verify=False)
         for reason, count in sorted(adoption.dropped.items()):
             self.metrics.adoption_drops.labels(reason).inc(count)
             log.warning("local storage: removed %d stored blocks (%s) instead of adopting them", count, reason)
@@ -225,16 +230,65 @@ class Holder:
                 except BlockExistsError:
                     continue
             await self._apply(self.store.trim(now), {})
-        kept = [a.meta.block for a in adoption.adopted if a.meta.block in self.store]
-        for block in kept:
-            self.publisher.publish(block)
-        for block in adoption.removed:  # after a crash the IS may still list them: it stops at once
+        self._adopted = tuple(a.meta for a in adoption.adopted if self._still_adopted(a.meta))
+        for block in adoption.removed:
             if block not in self.store:
                 self.publisher.withdraw(block)
-        self.metrics.blocks_adopted.inc(len(kept))
+        self.metrics.blocks_adopted.inc(len(self._adopted))
         self._update_gauges()
-        log.info("local storage: adopted %d blocks (%d octets)", len(kept), self.store.used(Tier.LOCAL_STORAGE))
-        return len(kept)
+        log.info("local storage: adopted %d blocks (%d octets)", len(self._adopted),
+                 self.store.used(Tier.LOCAL_STORAGE))
+        return len(self._adopted)
+
+    def _still_adopted(self, meta: BlockMeta) -> bool:
+        """The adopted block is held, as adopted (not evicted, not lost, not stored again since)."""
+        entry = self.store.peek(meta.block)
+        return entry is not None and entry.meta.repr_digest == meta.repr_digest
+
+    def publish_adopted(self) -> int:
+        """Publish the records of the adopted blocks still held (fresh TTLs); call once the HTTPS
+        listener (and the MOQT one) serves, so the IS never points readers at a holder not yet
+        listening.  Returns how many were published."""
+        held = [meta.block for meta in self._adopted if self._still_adopted(meta)]
+        for block in held:
+            self.publisher.publish(block)
+        self.adoption_published.set()
+        return len(held)
+
+    async def verify_adopted(self) -> int:
+        """Read and check every adopted block still wholly in local storage (`DiskTier.verify`, in a
+        worker thread, one block at a time, newest first) while the holder serves.  A block that
+        fails is dropped and withdrawn like one failing a read (`lose`).  Reads of blocks not yet
+        checked are safe meanwhile: every read authenticates the layers it returns.  Returns how
+        many blocks were dropped; sets ``verification_done`` at the end."""
+        lost = 0
+        try:
+            for meta in reversed(self._adopted):
+                if await self._verify_one(meta):
+                    lost += 1
+        finally:
+            self.verification_done.set()
+        log.info("local storage: verified %d adopted blocks, %d dropped", len(self._adopted), lost)
+        return lost
+
+    async def _verify_one(self, meta: BlockMeta) -> bool:
+        disk = self.disk
+        if disk is None or not self._still_adopted(meta) or disk.held(meta.block) != meta.layers:
+            return False  # gone, or (partly) moved to memory through authenticated reads
+        try:
+            await asyncio.to_thread(disk.verify, meta)
+            return False
+        except StorageMissingError:
+            return False
+        except (VerifyError, OSError) as exc:
+            if not self._still_adopted(meta) or disk.held(meta.block) != meta.layers:
+                return False  # moved or evicted while it was read: not a fault
+            reason = exc.reason if isinstance(exc, VerifyError) else DROP_UNREADABLE
+            log.error("local storage: %s (%s); withdrawing and dropping it", exc, reason)
+            self.metrics.adoption_drops.labels(reason).inc()
+            self.metrics.digest_failures.labels("storage").inc()
+            await self.lose(meta.block)
+            return True
 
     async def arrange(self, block: BlockId, placement: tuple[Segment, ...]) -> bool:
         """Move layers of a held block between tiers (promotion, demotion, a new split) and republish

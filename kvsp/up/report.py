@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kvsp.up.runner import RequestResult, RunResult
-from kvsp.up.scrape import Samples, labelled, total
+from kvsp.up.scrape import Samples, by_label, labelled, total
 from kvsp.up.workload import WorkloadSpec, percentile
 
 Figures = dict[str, object]
@@ -113,11 +113,17 @@ def build(spec: WorkloadSpec, main: RunResult, baseline: RunResult | None, metri
 
 
 def _transport_figures(metrics: Mapping[str, Samples]) -> Figures:
-    """Blocks served by holders per transport (the part label says moqt-*), their octets in all, and the
-    octets relays sent; the holders' octets are not split by transport in their metrics."""
+    """Blocks and octets served by holders per transport (``part`` moqt-* and ``transport`` labels),
+    their octets in all, and the octets relays sent.  A holder without the ``transport`` label counts
+    in ``holder_octets`` only."""
     served = {k: v for s in metrics.values() for k, v in s.items() if k.startswith("kvsp_holder_blocks_served_total{")}
     moqt_blocks = sum(v for k, v in served.items() if 'part="moqt' in k)
+    octets: dict[str, float] = {}
+    for samples in metrics.values():
+        for transport, value in by_label(samples, "kvsp_holder_bytes_served_total", "transport").items():
+            octets[transport] = octets.get(transport, 0.0) + value
     return {"holder_octets": _over(metrics, "kvsp_holder_bytes_served_total"),
+            "holder_https_octets": octets.get("https", 0.0), "holder_moqt_octets": octets.get("moqt", 0.0),
             "http_blocks": sum(served.values()) - moqt_blocks, "moqt_blocks": moqt_blocks,
             "moqt_octets": _sum_matching(metrics, _MOQT_BYTES),
             "relay_octets_out": _sum_matching(metrics, _RELAY_OUT)}
@@ -159,6 +165,8 @@ def table(fig: Figures, title: str = "kvsp up: report") -> str:
                                               f"{_fmt(g('ttft', 'without_cache', 'p95_ms'))}"),
         ("blocks served over HTTPS / MOQT", f"{_fmt(g('bytes', 'http_blocks'))} / {_fmt(g('bytes', 'moqt_blocks'))}"),
         ("octets served by holders (both)", g("bytes", "holder_octets")),
+        ("octets over HTTPS / MOQT (holders)", f"{_fmt(g('bytes', 'holder_https_octets'))} / "
+                                               f"{_fmt(g('bytes', 'holder_moqt_octets'))}"),
         ("octets out of relays (MOQT)", g("bytes", "relay_octets_out")),
         ("relay cache hits", g("relay", "cache_hits")),
         ("lease rejections", g("lease_rejections")),

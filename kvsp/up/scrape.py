@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,18 @@ def total(samples: Mapping[str, float], name: str) -> float:
 
 def labelled(samples: Mapping[str, float], name: str, label: str, value: str) -> float:
     return sum(v for k, v in samples.items() if k.startswith(name + "{") and f'{label}="{value}"' in k)
+
+
+def by_label(samples: Mapping[str, float], name: str, label: str) -> dict[str, float]:
+    """The samples of metric ``name`` summed per value of ``label``; samples without it are left out."""
+    pattern = re.compile(r'[{,]' + re.escape(label) + r'="([^"]*)"')
+    out: dict[str, float] = {}
+    for key, value in samples.items():
+        if key.startswith(name + "{"):
+            found = pattern.search(key)
+            if found is not None:
+                out[found.group(1)] = out.get(found.group(1), 0.0) + value
+    return out
 
 
 @dataclass
