@@ -11,9 +11,10 @@
   file is in the page cache after the first read: these are warm reads (the cold rate is what the
   holder's startup calibration measures and publishes).
 * restart: `DiskTier.adopt` re-reading, decrypting and hashing every stored block of a cache left by
-  an earlier process (the default ``verify_stored``), against a plain read of the same files; the
-  write path (temporary name, fsync, rename, commit record) is reported beside it.  Reported, with the
-  rate in MiB/s: a large cache's restart time is its size over this rate.
+  an earlier process (what ``verify_stored`` costs; the holder now serves while it runs in the
+  background), against a plain read of the same files; the write path (temporary name, fsync, rename,
+  commit record) is reported beside it.  Reported, with the rate in MiB/s: the background check of a
+  large cache takes its size over this rate.
 * host -> device and device -> host: with CUDA, the pinned host tier's copy of a block to the device
   (`TorchHostTier.to_device`) against the same copy from pageable memory (goal: pinned at least as
   fast, ratio >= 1.0), and the device tier's read into pinned memory; rates in Gbit/s beside the
@@ -170,7 +171,7 @@ def _restart_cases(meta: BlockMeta, body: bytes, blocks: int, reps: int) -> list
         baseline = measure(plain, reps=reps, warmup=1)
     total = blocks * meta.data_octets
     return [case(f"restart: adopt {blocks} stored blocks (verify) vs plain read of the files", adopted, baseline,
-                 "reported: restart time of a cache = its size / this rate")
+                 "reported: background verification of a restarted cache takes its size / this rate")
             | {"adopt_mib_per_s": round(total / MiB / adopted.median_s), "write_fsync_mib_per_s":
                round(total / MiB / write_s)}]
 
