@@ -216,8 +216,8 @@ class PreparedBlocks:
     give for the same arguments; `floor_us` bounds ``estimate(...).cost_us`` from below.
     """
 
-    __slots__ = ("_blocks", "_holder_uris", "_pair_keys", "_pair_shares", "block_bytes", "layers", "matched",
-                 "replicas", "sound")
+    __slots__ = ("_all_holders", "_blocks", "_holder_uris", "_pair_keys", "_pair_shares", "block_bytes", "layers",
+                 "matched", "replicas", "sound")
 
     def __init__(self, replicas_per_block: Blocks, *, block_bytes: int | None = None,
                  layers: int | None = None) -> None:
@@ -263,6 +263,9 @@ class PreparedBlocks:
         self._blocks = tuple(blocks)
         self._holder_uris = tuple(holders)  # by holder number
         self.sound = sound
+        # Every holder of a block the plan may reach: a plan for any other instance, with nothing resident,
+        # can skip the residency test per block.
+        self._all_holders = frozenset([uri for block in self._blocks for uri in block.holders])
 
     def plan(self, status: InstanceStatus, resident: Collection[bytes] = ()) -> FetchPlan:
         """`plan_fetch` for this instance."""
@@ -318,8 +321,9 @@ class PreparedBlocks:
         current = 0.0
         sources: list[ReplicaRecord | None] = []
         best: ReplicaRecord | None
+        some_resident = len(resident) > 0 or instance in self._all_holders  # else no block needs the test
         for key, holders, block_sources, h1, p1, r1, u1, h2, p2, r2, u2 in self._blocks:
-            if key in resident or instance in holders:
+            if some_resident and (key in resident or instance in holders):
                 sources.append(None)
                 continue
             if r2 is None:  # not two sources
