@@ -13,7 +13,9 @@ exactly a C-contiguous torch tensor ``[tokens, kv_heads, head_dim]`` on a little
 * per-section torch calls cost microseconds, as much as copying a small section, so there are block-wide
   forms too: `CacheOctets` slices one view of a whole cache ``[K/V, layers, tokens, kv_heads, head_dim]``
   by offset, and `container_tensor` views all layers of a raw container as one tensor, so a block goes
-  into a cache in one ``copy_`` (benchmarks/bench_engine.py measures both forms against a memcpy).
+  into a cache in one ``copy_``; the other way, `encode_cache_block_into` writes a raw container from a
+  cache in one strided copy (K and V of a layer are not adjacent in a cache, so the section-by-section
+  form costs 2 x layers copies).  benchmarks/bench_engine.py measures these forms against a memcpy.
 
 Registry element types map to torch dtypes as D5 says: bf16 -> bfloat16, fp16 -> float16, fp32 -> float32,
 fp8-e4m3 -> float8_e4m3fn, fp8-e5m2 -> float8_e5m2.  On a big-endian host the views would be wrong, so
@@ -24,15 +26,22 @@ torch is imported here at module level: import this module only where the engine
 
 from __future__ import annotations
 
+import functools
+import itertools
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
+import numpy as np
 import torch
 
-from kvsp.container import Container
+from kvsp.container import Container, ContainerHeader, Geometry, as_octets, check_raw_sections
+from kvsp.errors import ContainerError
 from kvsp.registry import ELEMENT_TYPES, Codec
+
+if TYPE_CHECKING:
+    from kvsp.container import BufferLike
 
 Bytes = bytes | bytearray | memoryview
 
@@ -143,17 +152,23 @@ def layer_tensors(k: Bytes, v: Bytes, kv_dtype: str, kv_heads: int,
     return kt, section_view(v, kv_dtype, kv_heads, head_dim, kt.shape[0])
 
 
+def _raw_section(container: Container, kv_dtype: str, kv_heads: int, head_dim: int) -> int:
+    """The octets of every section of a raw container of this geometry; `SectionError` if it is not that."""
+    if container.codec != Codec.RAW:
+        raise SectionError(f"codec {container.codec:#06x} is not raw; its sections are not plain elements")
+    section = container.token_count * kv_heads * head_dim * ELEMENT_TYPES[kv_dtype].size
+    if set(itertools.chain.from_iterable(container.header.lengths)) - {section}:  # in C: this runs per block
+        raise SectionError(f"every section of this container must be {section} octets")
+    return section
+
+
 def container_tensor(container: Container, kv_dtype: str, kv_heads: int, head_dim: int) -> torch.Tensor:
     """All layers of a raw container as one ``[layers, K/V, tokens, kv_heads, head_dim]`` view (no copy).
 
     The data section of codec raw is K0 V0 K1 V1 ... with every section ``tokens x kv_heads x head_dim``
     elements, so it is that tensor as it stands; a whole block then goes into a cache in one ``copy_``.
     """
-    if container.codec != Codec.RAW:
-        raise SectionError(f"codec {container.codec:#06x} is not raw; its sections are not plain elements")
-    section = container.token_count * kv_heads * head_dim * ELEMENT_TYPES[kv_dtype].size
-    if any(k != section or v != section for k, v in container.header.lengths):
-        raise SectionError(f"every section of this container must be {section} octets")
+    section = _raw_section(container, kv_dtype, kv_heads, head_dim)
     shape = (container.layer_count, 2, container.token_count, kv_heads, head_dim)
     if section == 0:
         return torch.empty(shape, dtype=torch_dtype(kv_dtype))
@@ -187,3 +202,73 @@ class CacheOctets:
 def encode_sections(layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[memoryview, memoryview]]:
     """(K, V) octets per layer for `kvsp.container.encode_parts`/`encode_into`, views where possible."""
     return [(section_octets(k), section_octets(v)) for k, v in layers]
+
+
+def _check_cache(cache: torch.Tensor, layers: tuple[int, int], first_token: int, tokens: int) -> None:
+    if cache.dim() != 5 or cache.shape[0] != 2:
+        raise SectionError(f"a cache is [2, layers, tokens, kv_heads, head_dim], not {list(cache.shape)}")
+    first, last = layers
+    if not 0 <= first <= last < cache.shape[1]:
+        raise SectionError(f"layers {first}-{last} outside the cache's 0-{cache.shape[1] - 1}")
+    if first_token < 0 or tokens < 0 or first_token + tokens > cache.shape[2]:
+        raise SectionError(f"tokens {first_token}+{tokens} outside the cache's {cache.shape[2]}")
+
+
+def _host_rows(cache: torch.Tensor) -> np.ndarray[Any, np.dtype[np.uint8]] | None:
+    """A contiguous CPU cache as octets ``[K/V, layers, tokens x row]`` (numpy), else None.
+
+    numpy copies a strided block with one memcpy per contiguous run; torch's ``copy_`` of the same typed
+    views took about twice as long per 512 KiB block on one thread (benchmarks/bench_engine.py).
+    """
+    if cache.device.type != "cpu" or not cache.is_contiguous():
+        return None
+    octets: np.ndarray[Any, np.dtype[np.uint8]] = cache.view(torch.uint8).numpy()
+    return octets.reshape(2, cache.shape[1], -1)
+
+
+@functools.lru_cache(maxsize=64)
+def _raw_header(first_layer: int, layer_count: int, tokens: int, section: int,
+                geometry: Geometry | None) -> tuple[ContainerHeader, np.ndarray[Any, np.dtype[np.uint8]]]:
+    """A checked raw header and its octets: every block of a cache encodes the same few, and building and
+    checking one costs as much as copying a small block's octets."""
+    header = ContainerHeader(Codec.RAW, first_layer, tokens, ((section, section),) * layer_count)
+    if geometry is not None and geometry.layers is not None and header.last_layer >= geometry.layers:
+        raise ContainerError(f"layers {header.layer_range} exceed the model's {geometry.layers} layers")
+    check_raw_sections(header, geometry)
+    return header, np.frombuffer(header.encode(), np.uint8)
+
+
+def encode_cache_block_into(buffer: BufferLike, cache: torch.Tensor, layers: tuple[int, int], first_token: int,
+                            tokens: int, *, geometry: Geometry | None = None) -> int:
+    """Write a raw container of ``tokens`` tokens of ``layers`` of ``cache`` at the start of ``buffer``.
+
+    ``cache`` is ``[K/V, layers, tokens, kv_heads, head_dim]`` in the wire's element type, on any device.
+    The data section K0 V0 K1 V1 ... is the cache block transposed to ``[layers, K/V, ...]``, so it is
+    written by one strided copy into ``buffer`` viewed as that array (a device cache: one ``copy_`` with
+    the transfer to the host) instead of one copy per section.  Returns the container's length in octets.
+    """
+    kv_dtype_of(cache.dtype)
+    _check_cache(cache, layers, first_token, tokens)
+    row = cache.shape[3] * cache.shape[4] * cache.element_size()
+    header, header_octets = _raw_header(layers[0], layers[1] - layers[0] + 1, tokens, tokens * row, geometry)
+    out = as_octets(buffer)
+    if out.readonly:
+        raise ContainerError("the destination buffer is read-only")
+    start, total = header.header_length, header.container_length
+    if out.nbytes < total:
+        raise ContainerError(f"the container needs {total} octets, the buffer has {out.nbytes}")
+    octets = np.frombuffer(out, np.uint8, total)
+    octets[:start] = header_octets
+    if total == start:
+        return total
+    data = octets[start:].reshape(header.layer_count, 2, tokens * row)
+    host = _host_rows(cache)
+    if host is not None:
+        np.copyto(data, host[:, layers[0] : layers[1] + 1, first_token * row : (first_token + tokens) * row]
+                  .transpose(1, 0, 2))
+    else:
+        block = cache[:, layers[0] : layers[1] + 1, first_token : first_token + tokens].transpose(0, 1)
+        shape = (header.layer_count, 2, -1)
+        torch.from_numpy(data).copy_(block.reshape(shape).view(torch.uint8))
+    return total
+

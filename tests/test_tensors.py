@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsp.container import Geometry, decode_container, encode_container, encode_into, encode_parts
+from kvsp.errors import ContainerError
 from kvsp.registry import ELEMENT_TYPES, Codec
 from kvsp.tensors import (
     TORCH_DTYPES,
@@ -18,6 +19,7 @@ from kvsp.tensors import (
     SectionError,
     container_tensor,
     copy_section,
+    encode_cache_block_into,
     encode_sections,
     kv_dtype_of,
     layer_tensors,
@@ -191,3 +193,46 @@ def test_cache_octets_are_views_of_the_cache_sections() -> None:
         CacheOctets(cache[:, :, 1:])  # not contiguous
     with pytest.raises(SectionError):
         CacheOctets(torch.zeros(3, 1, 1, 1, 1))
+
+
+@pytest.mark.parametrize("kv_dtype", sorted(TORCH_DTYPES))
+def test_one_copy_block_encode_is_the_section_by_section_encode(kv_dtype: str) -> None:
+    dtype = TORCH_DTYPES[kv_dtype]
+    raw = torch.randint(0, 256, (2 * 4 * 6 * 3 * 8 * dtype.itemsize,), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(5))
+    cache = raw.view(dtype).reshape(2, 4, 6, 3, 8)  # random octets: every bit pattern, NaNs included
+    geometry = Geometry.for_dtype(3, 8, kv_dtype, 4)
+    octets = CacheOctets(cache)
+    for layers, first, tokens in (((0, 3), 0, 6), ((1, 2), 2, 3), ((3, 3), 5, 1), ((0, 1), 4, 0)):
+        sections = [(octets.section(0, layer, first, tokens), octets.section(1, layer, first, tokens))
+                    for layer in range(layers[0], layers[1] + 1)]
+        expected = encode_container(Codec.RAW, layers[0], tokens, sections, geometry=geometry)
+        out = bytearray(b"\xee" * (len(expected) + 7))
+        assert encode_cache_block_into(out, cache, layers, first, tokens, geometry=geometry) == len(expected)
+        assert out[: len(expected)] == expected and out[len(expected) :] == b"\xee" * 7
+        # a cache that is not a contiguous host tensor takes the torch path: same octets
+        strided = torch.zeros((2, 4, 7, 3, 8), dtype=dtype)
+        strided.view(torch.uint8)[:, :, :6] = cache.view(torch.uint8)
+        again = bytearray(len(expected))
+        encode_cache_block_into(again, strided[:, :, :6], layers, first, tokens, geometry=geometry)
+        assert again == expected
+
+
+def test_one_copy_block_encode_refuses_what_does_not_fit() -> None:
+    cache = torch.zeros(2, 2, 4, 1, 2, dtype=torch.float16)
+    with pytest.raises(ContainerError):
+        encode_cache_block_into(bytearray(10), cache, (0, 1), 0, 4)  # too small
+    with pytest.raises(ContainerError):
+        encode_cache_block_into(bytes(1000), cache, (0, 1), 0, 4)  # read-only
+    with pytest.raises(ContainerError):
+        encode_cache_block_into(bytearray(1000), cache, (0, 1), 0, 4, geometry=Geometry.for_dtype(1, 4, "fp16"))
+    with pytest.raises(ContainerError):  # layer 1 is past a one-layer model
+        encode_cache_block_into(bytearray(1000), cache, (0, 1), 0, 4, geometry=Geometry.for_dtype(1, 2, "fp16", 1))
+    for layers, first, tokens in (((0, 2), 0, 1), ((1, 0), 0, 1), ((0, 0), 3, 2), ((0, 0), -1, 1)):
+        with pytest.raises(SectionError):
+            encode_cache_block_into(bytearray(1000), cache, layers, first, tokens)
+    with pytest.raises(SectionError):
+        encode_cache_block_into(bytearray(1000), torch.zeros(2, 2, 4, 2), (0, 0), 0, 1)
+    with pytest.raises(SectionError):
+        encode_cache_block_into(bytearray(1000), torch.zeros(2, 1, 1, 1, 1, dtype=torch.int32), (0, 0), 0, 1)
+
