@@ -29,6 +29,9 @@ same KV -> same continuation on another instance) without weights:
 `BlockImporter.import_block` (optional) stages a whole loaded block from its container at once, which an
 engine can copy into its cache in one operation instead of two per layer (`block_importer` finds it).
 
+`BlockExporter.export_block` (optional) is the reverse for a computed block: its raw container written
+in one operation (`block_exporter` finds it).
+
 `LayerwiseEngine.prefill_layerwise` is the same prefill run layer by layer: the prefix's layer l is
 waited for (``wait_layer``), copied into the cache, the rest of the context's layer l is computed and
 announced (``on_layer``), so that loading, computing and publishing overlap; the result is identical to
@@ -179,6 +182,24 @@ class BlockImporter(Protocol):
         `import_kv` costs a dispatch per (small) section.  Raises ValueError for a container that does not
         fit the geometry."""
         ...
+
+
+class BlockExporter(Protocol):
+    """An engine that writes a whole computed block as a raw container at once (optional)."""
+
+    def export_block(self, block: int) -> bytes | bytearray:
+        """The raw container (layers 0..L-1, one block of tokens) of a complete computed block, octet for octet
+        what `encode_container` of `export_kv` gives, written in one operation (one strided copy from the
+        cache) instead of one per section.  Raises ValueError for a block that is not complete."""
+        ...
+
+
+def block_exporter(engine: object) -> BlockExporter | None:
+    """The engine as a `BlockExporter` when it implements ``export_block``, else None.  A wrapper engine
+    whose inner engine lacks it says so with ``exports_blocks = False``."""
+    if callable(getattr(engine, "export_block", None)) and getattr(engine, "exports_blocks", True):
+        return engine  # type: ignore[return-value]  # structural: the method exists
+    return None
 
 
 def block_importer(engine: object) -> BlockImporter | None:

@@ -25,7 +25,15 @@ import pytest
 import torch
 
 from kvsp.container import Geometry, decode_container, encode_container
-from kvsp.engine import Engine, LayerKv, LayerwiseEngine, block_importer, greedy_sampler, top_p_sampler
+from kvsp.engine import (
+    Engine,
+    LayerKv,
+    LayerwiseEngine,
+    block_exporter,
+    block_importer,
+    greedy_sampler,
+    top_p_sampler,
+)
 from kvsp.errors import ValidationError
 from kvsp.hf.cache import blocks_to_dynamic_cache, dynamic_cache_to_blocks
 from kvsp.hf.engine import HfEngine, HfModel
@@ -157,6 +165,18 @@ def _containers(source: HfEngine, blocks: int) -> list[bytes]:
     geometry = Geometry.for_dtype(g.kv_heads, g.head_dim, g.kv_dtype, g.layers)
     return [encode_container(Codec.RAW, 0, B, [(lk.k, lk.v) for lk in source.export_kv(b, (0, g.layers - 1))],
                              geometry=geometry) for b in range(blocks)]
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp32", "bf16"])
+def test_export_block_is_the_section_by_section_container(model_dir: Path, kv_dtype: str) -> None:
+    model = HfModel.load(model_dir, block_tokens=B, kv_dtype=kv_dtype, chunk_tokens=B)
+    source = model.engine()
+    source.prefill(prompt(70, 5))  # 4 complete blocks and a partial one
+    for block in range(4):
+        assert bytes(source.export_block(block)) == _containers(source, block + 1)[block]
+    with pytest.raises(ValueError, match="not complete"):
+        source.export_block(4)
+    assert block_exporter(source) is source
 
 
 def test_whole_blocks_imported_at_once_give_the_full_recompute(exact: HfModel) -> None:

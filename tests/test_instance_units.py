@@ -43,7 +43,16 @@ from control.instance.sessions import spec_for_resume, spec_for_start
 from control.instance.settings import InstanceSettings
 from kvsp.client.http import TransportError
 from kvsp.container import Geometry, decode_container, encode_container
-from kvsp.engine import BlockKv, Engine, EngineGeometry, Step, block_importer, greedy_sampler, top_p_sampler
+from kvsp.engine import (
+    BlockKv,
+    Engine,
+    EngineGeometry,
+    Step,
+    block_exporter,
+    block_importer,
+    greedy_sampler,
+    top_p_sampler,
+)
 from kvsp.errors import ValidationError
 from kvsp.keys import ScopeKey
 from kvsp.records import SessionCheckpoint
@@ -287,3 +296,8 @@ async def test_the_own_block_cache_lives_in_torch_memory_with_the_hf_engine() ->
     assert await blocks.place(block, data) and len(tier) == 1
     read = await blocks.read(block)
     assert read is not None and bytes(read.layer(0).k) == bytes(range(64))
+
+
+def test_a_paced_engine_exports_whole_blocks_only_when_its_engine_does() -> None:
+    make, _geometry = engine_factory("test", DESCRIPTOR, vocab_size=97, pacing=Pacing(1, 0))
+    assert block_exporter(make(greedy_sampler())) is None  # the test engine writes sections, not blocks

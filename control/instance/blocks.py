@@ -39,6 +39,7 @@ log = logging.getLogger("kvsp.instance.blocks")
 
 MAX_REPLICATIONS: Final = 256  # pending background PUTs; beyond, copies are skipped (and counted)
 REPLICATE_CONCURRENCY: Final = 4
+Octets = bytes | bytearray  # a whole block's container: an engine may write one into a bytearray
 
 
 class LocalBlocks(Protocol):
@@ -55,12 +56,12 @@ class LocalBlocks(Protocol):
         """The whole stored block, or None when it is not (or no longer) held."""
         ...
 
-    async def place(self, block: BlockId, container: bytes) -> bool:
+    async def place(self, block: BlockId, container: Octets) -> bool:
         """Store a whole block; True when it was stored now (False: already held, or no room)."""
         ...
 
 
-def block_meta(block: BlockId, container: bytes, geometry: Geometry) -> BlockMeta:
+def block_meta(block: BlockId, container: Octets, geometry: Geometry) -> BlockMeta:
     """Decode a whole block and compute its digests (CPU: call it in a worker thread)."""
     decoded = decode_container(container, geometry=geometry)
     if decoded.first_layer != 0 or (geometry.layers is not None and decoded.layer_count != geometry.layers):
@@ -93,7 +94,7 @@ class HolderBlocks:
         data = rep.parts[0] if len(rep.parts) == 1 else b"".join(rep.parts)
         return decode_container(data, geometry=self.geometry)
 
-    async def place(self, block: BlockId, container: bytes) -> bool:
+    async def place(self, block: BlockId, container: Octets) -> bool:
         if self.held(block):
             return False
         meta = await asyncio.to_thread(block_meta, block, container, self.geometry)
@@ -153,7 +154,7 @@ class MemoryBlocks:
             data = b"".join((meta.header.encode(), layers))
         return decode_container(data, geometry=self.geometry)
 
-    async def place(self, block: BlockId, container: bytes) -> bool:
+    async def place(self, block: BlockId, container: Octets) -> bool:
         if block in self._blocks or len(container) > self.capacity:
             return False
         meta = await asyncio.to_thread(block_meta, block, container, self.geometry)  # refuses what is malformed
@@ -181,7 +182,7 @@ class Replicator:
         self._tasks: set[asyncio.Task[None]] = set()
         self._copying: dict[BlockId, asyncio.Task[None]] = {}  # the copy in flight of each block
 
-    def submit(self, block: BlockId, container: bytes) -> None:
+    def submit(self, block: BlockId, container: Octets) -> None:
         if self.client is None or not self.targets:
             return
         if len(self._tasks) >= MAX_REPLICATIONS:
@@ -199,7 +200,7 @@ class Replicator:
         if tasks:
             await asyncio.wait(tasks)
 
-    async def _copy(self, block: BlockId, container: bytes) -> None:
+    async def _copy(self, block: BlockId, container: Octets) -> None:
         client = self.client
         if client is None:
             return
@@ -235,7 +236,7 @@ class Tiers:
         self.replicator = replicator
         self.metrics = metrics
 
-    async def place(self, block: BlockId, container: bytes, *, computed: bool) -> bool:
+    async def place(self, block: BlockId, container: Octets, *, computed: bool) -> bool:
         """Store ``container`` as ``block``; True when it is new here.  Blocks loaded from another holder
         already live there, so only computed ones (prompt recomputed, generated) are replicated."""
         try:

@@ -48,6 +48,7 @@ from kvsp.engine import (
     OnLayer,
     Step,
     WaitLayer,
+    block_exporter,
     block_importer,
     greedy_sampler,
 )
@@ -133,6 +134,16 @@ class PacedEngine:
 
     def import_kv(self, block: int, layer: int, k: Bytes, v: Bytes) -> None:
         self._engine.import_kv(block, layer, k, v)
+
+    def export_block(self, block: int) -> bytes | bytearray:
+        inner = block_exporter(self._engine)
+        if inner is None:
+            raise ValueError("the engine has no export_block")  # callers check `block_exporter(inner)` first
+        return inner.export_block(block)
+
+    @property
+    def exports_blocks(self) -> bool:
+        return block_exporter(self._engine) is not None
 
     def import_block(self, block: int, container: Container) -> None:
         inner = block_importer(self._engine)

@@ -45,7 +45,7 @@ from control.instance.pc_client import Fenced, PcClient
 from control.instance.records import CheckpointAck
 from control.instance.settings import Layerwise, Limits
 from kvsp.container import Geometry, encode_container
-from kvsp.engine import Engine, Step, WaitLayer
+from kvsp.engine import Engine, Step, WaitLayer, block_exporter
 from kvsp.errors import KvspError
 from kvsp.identifiers import TrackNamespace
 from kvsp.keys import ZERO_KEY, BlockKeyChain, ScopeKey
@@ -384,12 +384,15 @@ class SessionRun:
         engine, geometry, b = self.engine, self.deps.geometry, self.deps.block_tokens
         last = (geometry.layers or 1) - 1
         scope, compat = self.spec.base.scope_id, self.spec.base.compat_id
+        whole = block_exporter(engine)
         for index in blocks:
             block = BlockId(compat, scope, self.keys[index])
             if self.deps.tiers.local.held(block):
                 continue
 
-            def export(i: int = index) -> bytes:
+            def export(i: int = index) -> bytes | bytearray:
+                if whole is not None:  # the container written from the cache in one strided copy
+                    return whole.export_block(i)
                 layers = engine.export_kv(i, (0, last))
                 return encode_container(Codec.RAW, 0, b, [(lk.k, lk.v) for lk in layers], geometry=geometry)
 

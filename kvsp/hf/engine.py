@@ -39,9 +39,10 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 import torch
 
-from kvsp.container import Container
+from kvsp.container import FIXED_HEADER_LENGTH, TABLE_ENTRY_LENGTH, Container
 from kvsp.descriptor import CompatDescriptor
 from kvsp.engine import (
+    BlockExporter,
     BlockImporter,
     BlockKv,
     Bytes,
@@ -58,7 +59,15 @@ from kvsp.engine import (
 from kvsp.errors import ValidationError
 from kvsp.hf.descriptor import descriptor_from_model_dir, geometry_of, kv_dtype_of_config
 from kvsp.records import Sampler
-from kvsp.tensors import CacheOctets, container_tensor, copy_section, section_octets, section_view, torch_dtype
+from kvsp.tensors import (
+    CacheOctets,
+    container_tensor,
+    copy_section,
+    encode_cache_block_into,
+    section_octets,
+    section_view,
+    torch_dtype,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -260,6 +269,19 @@ class HfEngine:
         return [LayerKv(layer, section_octets(kv[0, layer, rows]), section_octets(kv[1, layer, rows]))
                 for layer in range(first, last + 1)]
 
+    def export_block(self, block: int) -> bytearray:
+        """The block's raw container, written from the cache by one strided copy (`encode_cache_block_into`)."""
+        g = self.geometry
+        if self._ready_layers < g.layers:
+            raise ValueError(f"layer {self._ready_layers} is not computed yet")
+        if block < 0 or (block + 1) * g.block_tokens > self._length:
+            raise ValueError(f"block {block} is not complete in a context of {self._length} tokens")
+        data = 2 * g.layers * g.section_octets
+        out = bytearray(FIXED_HEADER_LENGTH + TABLE_ENTRY_LENGTH * g.layers + data)
+        length = encode_cache_block_into(out, self._kv, (0, g.layers - 1), block * g.block_tokens, g.block_tokens)
+        del out[length:]
+        return out
+
     def import_kv(self, block: int, layer: int, k: Bytes, v: Bytes) -> None:
         if block < 0 or not 0 <= layer < self.geometry.layers:
             raise ValueError(f"block {block} layer {layer} outside the geometry")
@@ -433,4 +455,9 @@ def _conforms(engine: HfEngine) -> LayerwiseEngine:
 
 def _imports_blocks(engine: HfEngine) -> BlockImporter:
     """Static check (mypy): and `BlockImporter`."""
+    return engine
+
+
+def _exports_blocks(engine: HfEngine) -> BlockExporter:
+    """Static check (mypy): and `BlockExporter`."""
     return engine
