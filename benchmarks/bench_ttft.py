@@ -57,7 +57,7 @@ from kvsp.records import LookupRequest
 from kvsp.registry import Codec
 from tests.support import DevPki
 from tests.test_instance_moqt_support import free_udp_port
-from tests.test_instance_processes import child_env, wait_listening
+from tests.test_instance_processes import child_env, stop_all, wait_listening
 from tests.test_instance_support import SCOPE, SCOPE_KEY, pc_double
 
 B = 16
@@ -119,14 +119,7 @@ async def _processes(pki: DevPki, tmp: Path) -> AsyncIterator[None]:
             await wait_listening(pki, name, proc, timeout=TIMEOUT_S)
         yield
     finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_all(procs.values())
 
 
 @dataclass

@@ -48,7 +48,7 @@ from tests.test_instance_moqt_support import (
     slow_https_holder,
     slow_moqt_holder,
 )
-from tests.test_instance_processes import child_env, wait_listening
+from tests.test_instance_processes import child_env, stop_all, wait_listening
 from tests.test_instance_support import SCOPE, SCOPE_KEY, pc_double
 
 B = 4
@@ -136,14 +136,7 @@ async def processes(pki: DevPki, tmp: Path) -> AsyncIterator[None]:
             await wait_listening(pki, name, proc, timeout=T)
         yield
     finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_all(procs.values())
 
 
 async def generate(http: aiohttp.ClientSession, fe: aiohttp.ClientSession, uri: str, prompt: Sequence[int],

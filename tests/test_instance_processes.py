@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 import aiohttp
@@ -82,6 +82,20 @@ async def wait_listening(pki: DevPki, name: str, proc: subprocess.Popen[bytes], 
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"{name} did not start listening")
+
+
+def stop_all(procs: Iterable[subprocess.Popen[bytes]], *, grace_s: float = 10.0) -> None:
+    """SIGTERM every process (a clean shutdown: withdrawals, drains), then SIGKILL what is left after ``grace_s``."""
+    procs = list(procs)
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(grace_s)
 
 
 @contextlib.asynccontextmanager
