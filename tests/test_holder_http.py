@@ -384,3 +384,22 @@ async def test_range_digests_are_remembered_per_stored_content(client: Client) -
     assert entry is not None
     (cached_key,) = client.holder._range_digests
     assert cached_key[1] == entry.meta.repr_digest  # a re-stored block with other octets cannot hit it
+
+
+async def test_a_demotion_for_room_is_counted_once(pki: DevPki, tmp_path: Path) -> None:
+    # `Demote` is the capacity-driven kind of `Move`: it moves the data and counts as a demotion.
+    data = 2 * D.layers * D.section_length(D.block_tokens)
+    async with running(config(pki, tmp_path, host_capacity_octets=data, storage_dir="blocks",
+                              storage_capacity_octets=8 * data), clock=FakeClock()) as app, \
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=pki.client_ssl("client"))) as http:
+        c = Client(http, pki.uri("holder"), app[HOLDER])
+
+        async def demotions() -> float:
+            async with http.get(c.base + "metrics") as r:
+                return _sample(await r.text(), "kvsp_holder_demotions_total")
+
+        await c.put(40, container(D, 40))
+        assert await demotions() == 0.0
+        await c.put(41, container(D, 41))  # host holds one block: block 40 goes down to local storage
+        assert await demotions() == 1.0
+        assert (await c.get(40))[1] == container(D, 40) and (await c.get(41))[1] == container(D, 41)

@@ -181,11 +181,10 @@ class Holder:
         match event:
             case Place(meta, tier, layers):
                 await self.tiers.place(meta, tier, layers, incoming[meta.block], self._wall_stored(meta.block))
-            case Demote(meta, layers, source, target):
+            case Move(meta, layers, source, target):  # and Demote, its capacity-driven kind
                 await self.tiers.move(meta, layers, source, target, self._wall_stored(meta.block))
-                self.metrics.demotions.inc()
-            case Move(meta, layers, source, target):
-                await self.tiers.move(meta, layers, source, target, self._wall_stored(meta.block))
+                if isinstance(event, Demote):
+                    self.metrics.demotions.inc()
             case Withdraw():
                 pass  # started before the batch
             case Evict(block, reason):

@@ -187,11 +187,9 @@ class Place:
 
 
 @dataclass(frozen=True, slots=True)
-class Demote:
-    """Copy ``layers`` of the block from ``source`` to ``target``, then free them in ``source``.
-
-    The event carries the metadata because a later event of the same batch may evict the block.
-    """
+class Move:
+    """Copy ``layers`` from ``source`` to ``target`` (up or down), then free them in ``source``: an
+    explicit promotion or demotion made by `BlockStore.arrange`, or (as `Demote`) one made for room."""
 
     meta: BlockMeta
     layers: LayerRange
@@ -204,18 +202,11 @@ class Demote:
 
 
 @dataclass(frozen=True, slots=True)
-class Move:
-    """Copy ``layers`` from ``source`` to ``target`` (up or down), then free them in ``source``: an
-    explicit promotion or demotion made by `BlockStore.arrange` (`Demote` is the capacity-driven kind)."""
+class Demote(Move):
+    """A capacity-driven `Move` to a slower tier, made to take a new block (counted as a demotion).
 
-    meta: BlockMeta
-    layers: LayerRange
-    source: Tier
-    target: Tier
-
-    @property
-    def block(self) -> BlockId:
-        return self.meta.block
+    The event carries the metadata because a later event of the same batch may evict the block.
+    """
 
 
 @dataclass(frozen=True, slots=True)
