@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import functools
 import json
 import os
 import signal
@@ -45,6 +47,60 @@ def interop_python() -> Path | None:
     configured = os.environ.get(PYTHON_ENV)
     path = Path(configured) if configured else VENV / "bin" / "python"
     return path if path.is_file() else None
+
+
+class InteropUnavailable(RuntimeError):
+    """The interop venv could not be had on this machine; the message says why (for a skip reason)."""
+
+
+_ENV_SCRIPT: Final = REPO / ".ci" / "interop-env"
+_ENV_BUILD_TIMEOUT_S: Final = 900.0
+_ENV_LOCK: Final = REPO / ".venv-interop.lock"
+
+
+@functools.cache
+def ensure_interop_python() -> Path:
+    """The interop interpreter, building ``.venv-interop`` with ``.ci/interop-env`` when it is absent or stale.
+
+    So that the README's test command alone runs the third-party interop. An interpreter named by
+    ``$KVSP_INTEROP_PYTHON`` is used as it is. Raises :class:`InteropUnavailable` (see
+    :func:`build_interop_venv`) when it cannot be had.
+    """
+    if os.environ.get(PYTHON_ENV):
+        configured = interop_python()
+        if configured is None:
+            raise InteropUnavailable(f"${PYTHON_ENV} names {os.environ[PYTHON_ENV]!r}, which does not exist")
+        return configured
+    return build_interop_venv()
+
+
+def build_interop_venv(venv: Path | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """Run ``.ci/interop-env`` (for ``venv``, default ``.venv-interop``) and return the interpreter it prints.
+
+    The script reuses a venv that already pins aiomoqt at once, and otherwise creates it from pyenv's
+    3.12 (or python3.12/3.13). A file lock keeps two pytest processes from building the same venv at
+    once. Raises :class:`InteropUnavailable` with the script's own reason (e.g. no Python >= 3.12 on this
+    machine) when it fails.
+    """
+    environ = dict(os.environ if env is None else env)
+    if venv is not None:
+        environ["KVSP_INTEROP_VENV"] = str(venv)
+    lock_path = _ENV_LOCK if venv is None else venv.with_name(venv.name + ".lock")
+    with lock_path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            done = subprocess.run(["bash", str(_ENV_SCRIPT)], cwd=REPO, capture_output=True, text=True,
+                                  timeout=_ENV_BUILD_TIMEOUT_S, check=False, env=environ)
+        except subprocess.TimeoutExpired as exc:
+            raise InteropUnavailable(f".ci/interop-env did not finish in {_ENV_BUILD_TIMEOUT_S:.0f} s") from exc
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        why = lines[-1] if lines else f"exit status {done.returncode}"
+        raise InteropUnavailable(f"the interop venv (Python >= 3.12, aiomoqt=={AIOMOQT_VERSION}) cannot be "
+                                 f"built on this machine: {why}")
+    return Path(done.stdout.strip().splitlines()[-1])
 
 
 def aiomoqt_version(python: Path) -> str:

@@ -1,7 +1,7 @@
 """Interop through kvsp's relay (issue 6): aiomoqt publisher -> our relay -> aiomoqt and kvsp subscribers.
 
 The other direction, our client through aiomoqt's relay, is tests/test_interop.py (d). Needs the
-interop venv (``bash .ci/interop-env``); skipped without it, like tests/test_interop.py.
+interop venv, built when absent like for tests/test_interop.py.
 """
 
 from __future__ import annotations
