@@ -20,9 +20,9 @@ from kvsp.container import (
     CodecRegistry,
     Container,
     ContainerHeader,
+    DecodeRules,
     Geometry,
     LayerView,
-    _Rules,
     as_octets,
 )
 from kvsp.errors import ContainerError
@@ -92,7 +92,7 @@ class ContainerReader:
     def __init__(self, *, geometry: Geometry | None = None, codec_required: int | None = None,
                  max_layers: int = DEFAULT_MAX_LAYERS, max_size: int = DEFAULT_MAX_SIZE,
                  codecs: CodecRegistry | None = None) -> None:
-        self._rules = _Rules(geometry, codec_required, max_layers, max_size,
+        self._rules = DecodeRules(geometry, codec_required, max_layers, max_size,
                              DEFAULT_CODECS if codecs is None else codecs)
         self._state = _State.HEADER
         self._error: ContainerError | None = None

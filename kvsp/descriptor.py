@@ -154,8 +154,3 @@ def _validate(r: ObjectReader) -> dict[str, object]:
         "layout": r.choice("layout", LAYOUTS),
         "adapters": adapters,
     }
-
-
-def compat_id_of(value: object) -> bytes:
-    """Compatibility ID of a descriptor given as decoded JSON, after validating it."""
-    return CompatDescriptor.from_json(value).compat_id

@@ -16,10 +16,6 @@ DIGEST_PREFIX: Final = "sha-256:"
 MAX_JCS_INT: Final = 2**53 - 1  # rfc8785 refuses integers beyond the I-JSON range
 
 
-def to_hex(data: bytes) -> str:
-    return data.hex()
-
-
 def parse_hex(value: str, octets: int, member: str) -> bytes:
     """Parse exactly ``octets`` octets of *lowercase* hex (the spec's hex16/hex32)."""
     if len(value) != 2 * octets:

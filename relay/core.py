@@ -79,9 +79,6 @@ class NamespaceTable(Generic[T]):
     def owner_count(self) -> int:
         return len({id(owner) for owners in self._owners.values() for owner in owners})
 
-    def namespaces_of(self, owner: T) -> list[Namespace]:
-        return [ns for ns, owners in self._owners.items() if owner in owners]
-
 
 # -- the object cache -------------------------------------------------------------------------------------
 @dataclass(slots=True)

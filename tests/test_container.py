@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-import kvsp.container as container_module
+import kvsp.container.encode as container_module
 from kvsp.container import (
     DEFAULT_CODECS,
     MAGIC,

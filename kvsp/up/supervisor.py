@@ -149,9 +149,6 @@ class Supervisor:
         popen = self.children[name].popen
         return popen.pid if popen is not None and popen.poll() is None else None
 
-    def pids(self) -> list[int]:
-        return [c.popen.pid for c in self.children.values() if c.popen is not None]
-
     async def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM in order (front end first, PC last), SIGKILL after ``grace_s``, reap everything."""
         self.stopping = True
