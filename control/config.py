@@ -29,6 +29,7 @@ from control.policy import Policy
 from control.tls import TlsFiles
 from kvsp.errors import ValidationError
 from kvsp.identifiers import check_base_uri
+from kvsp.numbers import parse_decimal
 
 KNOWN_ROLES = ("is", "holder", "pc", "instance", "relay", "frontend")
 
@@ -101,9 +102,9 @@ def _server(value: object) -> ServerConfig:
     if not isinstance(listen, str):
         raise ValidationError("server.listen", "must be HOST:PORT")
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not sep:
         raise ValidationError("server.listen", "must be HOST:PORT")
-    return ServerConfig(base, host.strip("[]") or "127.0.0.1", int(port))
+    return ServerConfig(base, host.strip("[]") or "127.0.0.1", parse_decimal(port, "server.listen", maximum=65535))
 
 
 def _tls(value: object, base_dir: Path) -> TlsFiles | None:

@@ -2,19 +2,25 @@
 
 Handlers raise `ProblemError` / `ValidationError`; the middleware here turns every error into a
 Problem Details response (RFC 9457) and every non-block response gets ``Cache-Control: no-store``.
+
+``Expect: 100-continue`` (RFC 9110 section 10.1.1): aiohttp's default answers ``100 Continue`` before
+any middleware or handler has run, so a client that may not store uploads its whole body only to be
+refused.  Routes that take large bodies use `defer_continue`; the body readers here send the ``100``
+when the handler starts reading, that is after it has authorized the request and checked its
+preconditions, and a request refused before that is answered with ``Connection: close``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol, TypeVar
 
-from aiohttp import web
+from aiohttp import HttpVersion11, hdrs, web
 
 from control.tls import identities_of
 from kvsp.encoding import canonical_json, parse_json
-from kvsp.errors import KvspError, ValidationError
+from kvsp.errors import KvspError
 from kvsp.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemError, ProblemType
 
 log = logging.getLogger("kvsp.http")
@@ -26,6 +32,13 @@ IDENTITY_KEY: web.RequestKey[str] = web.RequestKey("kvsp.identity", str)
 # Tests that say so explicitly may run without TLS; the identity then comes from this header.
 INSECURE_IDENTITY_HEADER = "X-Kvsp-Test-Identity"
 ALLOW_INSECURE: web.AppKey[bool] = web.AppKey("kvsp.allow_insecure", bool)
+# Set by `defer_continue` until the body is invited: the client waits for our 100 before sending it.
+CONTINUE_DEFERRED: web.RequestKey[bool] = web.RequestKey("kvsp.continue_deferred", bool)
+CONTINUE: bytes = b"HTTP/1.1 100 Continue\r\n\r\n"
+# Fields of an aiohttp HTTPException that describe its text body, not the status: the Problem
+# Details body replaces them.  Every other field (Allow on 405, Retry-After ...) is kept.
+_BODY_FIELDS = frozenset(h.lower() for h in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH, hdrs.CONTENT_ENCODING,
+                                             hdrs.CONTENT_LANGUAGE, hdrs.TRANSFER_ENCODING))
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -37,9 +50,15 @@ class JsonRecord(Protocol):
 R = TypeVar("R")
 
 
-def problem_response(problem: Problem) -> web.Response:
+def problem_response(problem: Problem, headers: Mapping[str, str] | None = None) -> web.Response:
     return web.Response(status=problem.status, body=problem.to_bytes(), content_type=PROBLEM_MEDIA_TYPE,
-                        headers={"Cache-Control": "no-store"})
+                        headers={**(headers or {}), "Cache-Control": "no-store"})
+
+
+def status_fields(exc: web.HTTPException) -> dict[str, str]:
+    """The fields of an aiohttp HTTP error that belong to its status (``Allow``, a MUST on 405 by RFC
+    9110 section 15.5.6), for the answer that replaces its body."""
+    return {name: value for name, value in exc.headers.items() if name.lower() not in _BODY_FIELDS}
 
 
 def json_response(body: JsonRecord | dict[str, object], status: int = 200,
@@ -56,10 +75,37 @@ def identity(request: web.Request) -> str:
     return value
 
 
+async def defer_continue(request: web.Request) -> web.StreamResponse | None:
+    """An ``expect_handler`` for routes: no ``100 Continue`` yet; `invite_body` sends it (module docstring)."""
+    if request.version != HttpVersion11:
+        return None  # HTTP/1.0 has no interim responses: the client sends its body anyway
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if expect.lower() != "100-continue":
+        return problem_response(Problem.generic(417, "Expectation Failed", f"unknown expectation {expect[:64]!r}"))
+    request[CONTINUE_DEFERRED] = True
+    return None
+
+
+async def invite_body(request: web.Request) -> None:
+    """Send the ``100 Continue`` that `defer_continue` held back, once: the handler now wants the body."""
+    if request.get(CONTINUE_DEFERRED, False):
+        request[CONTINUE_DEFERRED] = False
+        await request.writer.write(CONTINUE)
+        request.writer.output_size = 0  # the interim response is not the answer: the answer is still to come
+
+
+def close_if_uninvited(request: web.Request, response: web.StreamResponse) -> None:
+    """A final answer to a request whose body was never invited says that the connection closes, so
+    the client does not send the body after all (RFC 9110 section 10.1.1)."""
+    if request.get(CONTINUE_DEFERRED, False) and not response.prepared:
+        response.force_close()
+
+
 async def read_limited(request: web.Request, limit: int) -> bytes:
-    """The request body, refusing more than ``limit`` octets before reading them."""
+    """The request body, refusing more than ``limit`` octets before reading (or inviting) them."""
     if request.content_length is not None and request.content_length > limit:
         raise ProblemError(Problem.generic(413, "Content Too Large", f"body limit is {limit} octets"))
+    await invite_body(request)
     chunks: list[bytes] = []
     total = 0
     async for chunk in request.content.iter_any():
@@ -91,26 +137,41 @@ def _peer_identity(request: web.Request) -> str | None:
 
 @web.middleware
 async def kvsp_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    response = await _answer(request, handler)
+    close_if_uninvited(request, response)
+    return response
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     who = _peer_identity(request)
     if who is None:
-        return problem_response(Problem.generic(401, "Unauthenticated",
-                                                "a client certificate with a URI SubjectAltName is required"))
+        # The TLS handshake verified the certificate against the deployment CA; it names no role.  A 401
+        # needs a WWW-Authenticate challenge (RFC 9110 section 15.5.2), and mutual TLS has none to offer.
+        return problem_response(Problem.generic(403, "Forbidden",
+                                                "the client certificate has no URI SubjectAltName (role identity)"))
     request[IDENTITY_KEY] = who
     try:
         return await handler(request)
-    except ProblemError as exc:
-        return problem_response(exc.problem)
-    except ValidationError as exc:
-        return problem_response(Problem.generic(400, "Bad Request", str(exc)))
-    except KvspError as exc:
-        return problem_response(Problem.generic(400, "Bad Request", str(exc)))
-    except web.HTTPException as exc:
-        if exc.status >= 400:
-            return problem_response(Problem.generic(exc.status, exc.reason))
-        raise
-    except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        return problem_response(Problem.generic(500, "Internal Server Error"))
+    except Exception as exc:
+        if request.writer.output_size > 0:
+            # The status line is out: a second answer would be written into the body.  Re-raised,
+            # aiohttp logs it and closes the connection, which tells the client the body is cut.
+            raise
+        return _problem_of(request, exc)
+
+
+def _problem_of(request: web.Request, exc: Exception) -> web.StreamResponse:
+    match exc:
+        case ProblemError():
+            return problem_response(exc.problem)
+        case KvspError():  # ValidationError and the other input errors of the core
+            return problem_response(Problem.generic(400, "Bad Request", str(exc)))
+        case web.HTTPException() if exc.status >= 400:
+            return problem_response(Problem.generic(exc.status, exc.reason), status_fields(exc))
+        case web.HTTPException():
+            raise exc
+    log.exception("unhandled error in %s %s", request.method, request.path, exc_info=exc)
+    return problem_response(Problem.generic(500, "Internal Server Error"))
 
 
 async def _no_store(request: web.Request, response: web.StreamResponse) -> None:

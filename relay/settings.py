@@ -29,6 +29,7 @@ from control.config import RoleConfig
 from kvsp._reader import ObjectReader
 from kvsp.errors import ValidationError
 from kvsp.identifiers import check_base_uri
+from kvsp.numbers import parse_decimal
 from moqt.quic import MAX_DATAGRAM_SIZE, MoqtUri, QuicSettings
 from moqt.wire import Namespace
 
@@ -104,9 +105,9 @@ class RelaySettings:
 
 def _listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not sep:
         raise ValidationError("relay.listen", "must be HOST:PORT")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    return host.strip("[]") or "127.0.0.1", parse_decimal(port, "relay.listen", maximum=65535)
 
 
 def _moqt_uri(value: str, member: str) -> str:

@@ -40,10 +40,12 @@ from control.frontend.openai import (
 )
 from control.frontend.settings import FrontendSettings
 from control.frontend.tokenizer import TextStream, Tokenizer, load_tokenizer
+from control.http import close_if_uninvited, defer_continue, read_limited, status_fields
 from control.metrics import metrics_of
 from control.serve import HEALTH
 from control.tls import client_context
 from kvsp.client.http import ClientOptions, KvspSession
+from kvsp.problems import ProblemError
 from kvsp.records import Sampler
 from kvsp.records.generation import GenerateRequest, TokenEvent
 
@@ -80,32 +82,34 @@ class Frontend:
 FRONTEND: web.AppKey[Frontend] = web.AppKey("kvsp.frontend", Frontend)
 
 
+# A 401 carries the challenge (RFC 9110 section 15.5.2); the API keys are Bearer tokens (RFC 6750).
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="kvsp"'}
+_INVALID = {"WWW-Authenticate": 'Bearer realm="kvsp", error="invalid_token"'}
+
+
 def _tenant(fe: Frontend, request: web.Request) -> str:
     auth = request.headers.get("Authorization")
     if auth is None:
         if fe.settings.anonymous_tenant is None:
             raise ApiError(401, "Unauthorized", "an API key is required (Authorization: Bearer KEY)",
-                           kind="authentication_error", code="invalid_api_key")
+                           kind="authentication_error", code="invalid_api_key", fields=_CHALLENGE)
         return fe.settings.anonymous_tenant
     scheme, _, key = auth.partition(" ")
     tenant = fe.settings.tenant_of_key(key.strip().encode()) if scheme.lower() == "bearer" else None
     if tenant is None:  # the presented key is never echoed
         raise ApiError(401, "Unauthorized", "the API key is not valid", kind="authentication_error",
-                       code="invalid_api_key")
+                       code="invalid_api_key", fields=_INVALID)
     return tenant
 
 
 async def _body(request: web.Request, limit: int) -> bytes:
+    """The body, read as every role reads one (`read_limited`: the limit, then ``100 Continue``)."""
     if request.content_type not in JSON_TYPES:
         raise ApiError(415, "Unsupported Media Type", "send the request as application/json")
-    if request.content_length is not None and request.content_length > limit:
-        raise ApiError(413, "Content Too Large", f"the body limit is {limit} octets")
-    data = bytearray()
-    async for piece in request.content.iter_any():
-        data += piece
-        if len(data) > limit:
-            raise ApiError(413, "Content Too Large", f"the body limit is {limit} octets")
-    return bytes(data)
+    try:
+        return await read_limited(request, limit)
+    except ProblemError as exc:
+        raise ApiError(exc.problem.status, exc.problem.title, exc.problem.detail or exc.problem.title) from exc
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -216,25 +220,35 @@ async def health(request: web.Request) -> web.Response:
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     fe = request.app[FRONTEND]
     try:
-        return await handler(request)
-    except ApiError as exc:
-        error = exc
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        error = ApiError(exc.status, exc.reason, f"{request.method} {request.path}: {exc.reason}")
-    except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        error = ApiError(500, "Internal Server Error", "the front end failed", kind="server_error")
-    fe.metrics.requests.labels(str(error.status)).inc()
-    return web.Response(status=error.status, body=error.to_bytes(), content_type=MEDIA_PROBLEM,
-                        headers={"Cache-Control": "no-store"})
+        response = await handler(request)
+    except Exception as exc:
+        if request.writer.output_size > 0:
+            raise  # the status line is out: aiohttp closes the connection (see control.http)
+        error = _api_error(request, exc)
+        fe.metrics.requests.labels(str(error.status)).inc()
+        response = web.Response(status=error.status, body=error.to_bytes(), content_type=MEDIA_PROBLEM,
+                                headers={**error.fields, "Cache-Control": "no-store"})
+    close_if_uninvited(request, response)
+    return response
+
+
+def _api_error(request: web.Request, exc: Exception) -> ApiError:
+    match exc:
+        case ApiError():
+            return exc
+        case web.HTTPException() if exc.status >= 400:
+            return ApiError(exc.status, exc.reason, f"{request.method} {request.path}: {exc.reason}",
+                            fields=status_fields(exc))
+        case web.HTTPException():
+            raise exc
+    log.error("unhandled error in %s %s", request.method, request.path, exc_info=exc)
+    return ApiError(500, "Internal Server Error", "the front end failed", kind="server_error")
 
 
 def public_app(fe: Frontend) -> web.Application:
     app = web.Application(middlewares=[_errors], client_max_size=fe.settings.body_limit_octets)
     app[FRONTEND] = fe
-    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/completions", completions, expect_handler=defer_continue)  # key first, then 100
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     return app

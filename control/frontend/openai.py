@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from control.frontend.tokenizer import Tokenizer
+from kvsp.encoding import parse_json
+from kvsp.errors import ValidationError
 from kvsp.problems import PROBLEM_MEDIA_TYPE
 
 MEDIA_PROBLEM: Final = PROBLEM_MEDIA_TYPE
@@ -34,13 +36,15 @@ MAX_USER: Final = 256
 
 
 class ApiError(Exception):
-    """An answer other than success: HTTP status, title, detail, OpenAI error type and offending member."""
+    """An answer other than success: HTTP status, title, detail, OpenAI error type and offending member;
+    ``fields`` are header fields the status needs (``WWW-Authenticate`` on 401, ``Allow`` on 405)."""
 
     def __init__(self, status: int, title: str, detail: str, *, kind: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, fields: Mapping[str, str] | None = None) -> None:
         super().__init__(detail)
         self.status, self.title, self.detail = status, title, detail
         self.kind, self.param, self.code = kind, param, code
+        self.fields: dict[str, str] = dict(fields or {})
 
     def to_json(self) -> dict[str, object]:
         return {"type": "about:blank", "status": self.status, "title": self.title, "detail": self.detail,
@@ -110,10 +114,11 @@ def parse_completion(body: bytes, limits: Limits, tokenizer: Tokenizer) -> Compl
 
 
 def _object(body: bytes) -> dict[str, object]:
+    # The JSON reader of every KVSP role: malformed text, and nesting too deep to parse, are input errors.
     try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise bad(f"the body is not valid JSON ({str(exc)[:120]})") from exc
+        doc = parse_json(body)
+    except ValidationError as exc:
+        raise bad(f"the body is not valid JSON ({exc.rule[:120]})") from exc
     if not isinstance(doc, dict):
         raise bad("the body must be a JSON object")
     return doc
@@ -126,6 +131,8 @@ def _prompt(value: object, limits: Limits, tokenizer: Tokenizer) -> tuple[int, .
         # A character encodes to at least one token's worth of text: refuse huge strings before encoding.
         if len(value) > limits.max_prompt_tokens * 64:
             raise _too_long(len(value), limits, "characters")
+        if not _is_text(value):
+            raise bad("'prompt' must be Unicode text: it has a lone surrogate", "prompt")
         tokens = tokenizer.encode(value)
     elif isinstance(value, list) and all(type(t) is int for t in value):
         tokens = list(value)
@@ -139,6 +146,16 @@ def _prompt(value: object, limits: Limits, tokenizer: Tokenizer) -> tuple[int, .
     if len(tokens) > limits.max_prompt_tokens:
         raise _too_long(len(tokens), limits, "tokens")
     return tuple(tokens)
+
+
+def _is_text(value: str) -> bool:
+    """Whether ``value`` is Unicode scalar values only.  JSON's \\ud800 escapes (and the surrogates
+    the reader passes through) give strings no tokenizer can encode; I-JSON (RFC 7493) forbids them."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _too_long(size: int, limits: Limits, unit: str) -> ApiError:

@@ -36,6 +36,7 @@ from kvsp._reader import ObjectReader
 from kvsp.descriptor import CompatDescriptor
 from kvsp.encoding import parse_hex
 from kvsp.errors import KvspError, ValidationError
+from kvsp.numbers import parse_decimal
 from kvsp.records._common import MAX_SAFE_INT, check_uri
 
 KNOWN_KEYS: Final = frozenset({
@@ -122,9 +123,9 @@ def _int(r: ObjectReader, name: str, default: int) -> int:
 def _listen(r: ObjectReader) -> tuple[str, int]:
     text = r.optional("listen", lambda n: r.str(n, max_length=300)) or "127.0.0.1:8000"
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not sep:
         raise ValidationError("frontend.listen", "must be HOST:PORT")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    return host.strip("[]") or "127.0.0.1", parse_decimal(port, "frontend.listen", maximum=65535)
 
 
 def _tenants(r: ObjectReader) -> dict[str, bytes]:

@@ -38,7 +38,15 @@ from control.holder.settings import HolderSettings
 from control.holder.store import BlockExistsError, BlockId, BlockMeta
 from control.holder.tiers import StorageCorruptError, StorageMissingError, TierError
 from control.holder.tierset import memory_tiers
-from control.http import BLOCK_MEDIA_TYPE, identity, json_response, not_found, read_json, read_limited
+from control.http import (
+    BLOCK_MEDIA_TYPE,
+    defer_continue,
+    identity,
+    json_response,
+    not_found,
+    read_json,
+    read_limited,
+)
 from control.metrics import metrics_of
 from control.serve import CLOCK, CONFIG
 from control.tls import client_context
@@ -48,6 +56,7 @@ from kvsp.container import Geometry, LayerRange, decode_container, replica_diges
 from kvsp.descriptor import CompatDescriptor
 from kvsp.encoding import parse_hex
 from kvsp.errors import ContainerError, ValidationError
+from kvsp.numbers import parse_decimal
 from kvsp.problems import Problem, ProblemError, ProblemType
 from kvsp.records import LeaseRenewal, LeaseRequest
 from kvsp.records.lease import check_lease_id
@@ -75,7 +84,7 @@ def setup(app: web.Application, config: RoleConfig) -> None:
     base = config.server.base_path
     block = base + "blocks/{compat}/{scope}/{block_key}"
     app.router.add_get(block, get_block)
-    app.router.add_put(block, put_block)
+    app.router.add_put(block, put_block, expect_handler=defer_continue)  # authorize, then 100 Continue
     app.router.add_post(base + "leases", post_lease)
     app.router.add_put(base + "leases/{lease_id}", put_lease)
     app.router.add_delete(base + "leases/{lease_id}", delete_lease)
@@ -191,9 +200,7 @@ def parse_repr_digest(value: str | None) -> bytes | None:
 
 
 def _parse_codec(value: str) -> int:
-    if not value.isdigit() or not 1 <= int(value) <= 0xFFFF:
-        raise ValidationError("codec", "must be a decimal codec value between 1 and 65535")
-    return int(value)
+    return parse_decimal(value, "codec", minimum=1, maximum=0xFFFF)
 
 
 def _decode_block(block: BlockId, descriptor: CompatDescriptor, body: bytes) -> BlockMeta:

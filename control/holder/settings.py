@@ -39,6 +39,7 @@ from control.config import RoleConfig
 from kvsp._reader import ObjectReader
 from kvsp.descriptor import CompatDescriptor
 from kvsp.errors import ValidationError
+from kvsp.numbers import parse_decimal
 from kvsp.records._common import MAX_SAFE_INT, check_uri
 from moqt.quic import MAX_DATAGRAM_SIZE, MoqtUri, QuicSettings
 
@@ -135,8 +136,9 @@ def _moqt(r: ObjectReader, config: RoleConfig) -> MoqtSettings | None:
     if listen is None or uri is None:
         raise ValidationError("holder.moqt_listen", "moqt_listen and moqt_uri go together")
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not sep:
         raise ValidationError("holder.moqt_listen", "must be HOST:PORT")
+    port_number = parse_decimal(port, "holder.moqt_listen", maximum=65535)
     try:
         MoqtUri.parse(uri)
     except ValueError as exc:
@@ -155,7 +157,7 @@ def _moqt(r: ObjectReader, config: RoleConfig) -> MoqtSettings | None:
             raise ValidationError("holder.moqt_relay", str(exc)) from exc
     datagram = r.optional("moqt_max_datagram_size",
                           lambda n: r.int(n, minimum=SMALLEST_MAX_DATAGRAM_SIZE, maximum=MAX_DATAGRAM_SIZE))
-    return MoqtSettings(host.strip("[]") or "127.0.0.1", int(port), uri, tuple(keys), relay,
+    return MoqtSettings(host.strip("[]") or "127.0.0.1", port_number, uri, tuple(keys), relay,
                         DEFAULT_MOQT_DATAGRAM_SIZE if datagram is None else datagram)
 
 

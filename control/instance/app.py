@@ -28,7 +28,7 @@ from aiohttp import hdrs, web
 
 from control.config import RoleConfig
 from control.holder.app import format_repr_digest
-from control.http import BLOCK_MEDIA_TYPE, identity, json_response, read_json, read_limited
+from control.http import BLOCK_MEDIA_TYPE, defer_continue, identity, json_response, read_json, read_limited
 from control.instance.metrics import InstanceMetrics
 from control.instance.output import TokenLog
 from control.instance.role import InstanceRole
@@ -38,9 +38,10 @@ from control.metrics import metrics_of
 from control.serve import CLOCK, CONFIG
 from kvsp._reader import ObjectReader
 from kvsp.errors import ValidationError
+from kvsp.numbers import parse_decimal, parse_decimal_range
 from kvsp.problems import Problem, ProblemError, ProblemType
 from kvsp.records import PrefetchDirective, StateChange, parse_reshard_message
-from kvsp.records._common import read_uuid
+from kvsp.records._common import MAX_SAFE_INT, read_uuid
 from kvsp.records.generation import ResumeRequest, StartSession, TokenEvent
 from kvsp.records.shard import MAX_MAP_ID
 
@@ -63,7 +64,7 @@ def setup(app: web.Application, config: RoleConfig) -> None:
     app.router.add_get(base + "sessions/{session}/tokens", get_tokens)
     app.router.add_post(base + "reshard", post_reshard)
     app.router.add_get(base + "shards/{map}", get_shard)
-    app.router.add_put(base + "shards/{map}", put_shard)
+    app.router.add_put(base + "shards/{map}", put_shard, expect_handler=defer_continue)
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_stop_work)
 
@@ -107,11 +108,12 @@ def _same_session(path: str, body: str) -> None:
         raise ValidationError("session", f"the body names session {body}, the path {path}")
 
 
-def _token_range(text: str) -> tuple[int, int]:
-    start, sep, end = text.partition("-")
-    if not sep or not start.isdigit() or not end.isdigit() or int(start) >= int(end):
-        raise ValidationError("tokens", "must be a-b with a < b (half-open token range)")
-    return int(start), int(end)
+def _token_range(request: web.Request) -> tuple[int, int]:
+    return parse_decimal_range(request.query.get("tokens", ""), "tokens", maximum=MAX_SAFE_INT)
+
+
+def _version(text: str) -> int:
+    return parse_decimal(text, "version", maximum=MAX_SAFE_INT)
 
 
 # -- lifecycle (section 6.3) -----------------------------------------------------------------------
@@ -193,9 +195,8 @@ async def get_tokens(request: web.Request) -> web.StreamResponse:
     who = identity(request)
     if not request.app[CONFIG].policy.may_read(who, run.spec.base.scope_id):
         raise ProblemError.of(ProblemType.SCOPE_DENIED, f"{who} may not read scope {run.spec.base.scope_id.hex()}")
-    text = request.query.get("from", "0")
-    if not text.isdigit() or len(text) > 15:
-        raise ValidationError("from", "must be a token index (a non-negative integer)")
+    # Everything is checked before prepare(): after the status line a refusal can only cut the stream.
+    start = parse_decimal(request.query.get("from", "0"), "from", maximum=MAX_SAFE_INT)
     log = run.log
     if log.readers >= MAX_READERS:
         raise ProblemError(Problem.generic(429, "Too Many Requests", f"at most {MAX_READERS} streams per session"))
@@ -204,7 +205,7 @@ async def get_tokens(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     log.readers += 1
     try:
-        await _follow(response, log, int(text))
+        await _follow(response, log, start)
     except ConnectionError:
         return response  # the reader went away
     finally:
@@ -247,16 +248,14 @@ async def put_shard(request: web.Request) -> web.Response:
         raise ProblemError(Problem.generic(403, "Forbidden", f"{who} is not a peer of this instance"))
     if request.content_type != BLOCK_MEDIA_TYPE:
         raise ProblemError(Problem.generic(415, "Unsupported Media Type", f"use {BLOCK_MEDIA_TYPE}"))
-    tokens = _token_range(request.query.get("tokens", ""))
-    version_text = request.query.get("version", "")
-    if not version_text.isdigit() or len(version_text) > 15:
-        raise ValidationError("version", "must be a map version")
+    tokens = _token_range(request)
+    version = _version(request.query.get("version", ""))
     map_id = request.match_info["map"]
     if not 0 < len(map_id) <= MAX_MAP_ID:
         raise ValidationError("map", f"must be 1..{MAX_MAP_ID} characters")
     body = await read_limited(request, role.shards.max_range_octets(tokens))
-    await role.shards.put_range(map_id, int(version_text), tokens, body)
-    return json_response({"map": map_id, "version": int(version_text), "tokens": list(tokens)}, status=201)
+    await role.shards.put_range(map_id, version, tokens, body)
+    return json_response({"map": map_id, "version": version, "tokens": list(tokens)}, status=201)
 
 
 async def get_shard(request: web.Request) -> web.StreamResponse:
@@ -265,11 +264,8 @@ async def get_shard(request: web.Request) -> web.StreamResponse:
     who = identity(request)
     if not role.settings.may_read_shards(who):
         raise ProblemError(Problem.generic(403, "Forbidden", f"{who} is not a peer of this instance"))
-    tokens = _token_range(request.query.get("tokens", ""))
-    version_text = request.query.get("version")
-    if version_text is not None and not version_text.isdigit():
-        raise ValidationError("version", "must be a map version")
-    version = None if version_text is None else int(version_text)
+    tokens = _token_range(request)
+    version = None if "version" not in request.query else _version(request.query["version"])
     count, views = role.shards.read(request.match_info["map"], tokens, version)
 
     def encode() -> tuple[list[bytes | memoryview], bytes]:
