@@ -1,6 +1,8 @@
 """Authorization policy (decision D2), read from one TOML file by every role.
 
     pc = "https://127.0.0.1:7400/"          # the only identity that sends directives
+    instances = ["https://ii1.example/"]     # the inference instances: the PC takes status and checkpoints
+                                             # from these only, and sends prompts to no one else
 
     [[scope]]
     id = "6d1c6481cd428737da312c089db3832a"  # scope_id, hex16
@@ -14,7 +16,10 @@
     [quotas]
     lease_octets_per_client = 1073741824
 
-``"*"`` in a list means any authenticated identity (for a shared public-prefix scope, or tests).
+``"*"`` in a scope's list means any authenticated identity (for a shared public-prefix scope, or tests);
+it is refused in ``instances``, because an instance receives the prompts of the sessions it is given.
+An empty or missing ``instances`` admits no instance: every certificate of the deployment CA is
+authenticated, so being authenticated says nothing about being an instance (section 9).
 Scope Keys never appear here: the IS, relays and cache-only holders never need them.
 """
 
@@ -59,6 +64,7 @@ class Policy:
     scopes: Mapping[bytes, ScopeGrant] = field(default_factory=dict)
     publish_for: Mapping[str, frozenset[str]] = field(default_factory=dict)
     quotas: Quotas = field(default_factory=Quotas)
+    instances: frozenset[str] = frozenset()
 
     # -- decisions --------------------------------------------------------------------------
     def _granted(self, scope_id: bytes, identity: str, action: str) -> bool:
@@ -83,6 +89,10 @@ class Policy:
 
     def is_pc(self, identity: str) -> bool:
         return self.pc is not None and identity == self.pc
+
+    def is_instance(self, identity: str) -> bool:
+        """Only listed identities may act as inference instances (report status, checkpoint sessions)."""
+        return identity in self.instances
 
     # -- loading ----------------------------------------------------------------------------
     @classmethod
@@ -121,7 +131,10 @@ class Policy:
             raise ValidationError("publish_for", "must be a table")
         publish_for = {check_base_uri(k, "publish_for", IDENTITY_SCHEMES): _identities(v, f"publish_for.{k}")
                        for k, v in raw_pub.items()}
-        return cls(pc, scopes, publish_for, _quotas(doc.get("quotas", {})))
+        instances = _identities(doc.get("instances", []), "instances")
+        if ANY in instances:
+            raise ValidationError("instances", 'must name each instance; "*" is not allowed here')
+        return cls(pc, scopes, publish_for, _quotas(doc.get("quotas", {})), instances)
 
 
 def _identities(value: object, member: str) -> frozenset[str]:

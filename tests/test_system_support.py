@@ -98,8 +98,8 @@ def write_configs(pki: DevPki, tmp: Path, settings: Settings, instances: Sequenc
     model, key = str(tmp / "model.json"), str(tmp / "scope.key")
     (tmp / "model.json").write_text(json.dumps(settings.model.to_json()))
     (tmp / "scope.key").write_text(SCOPE_KEY.secret().hex())
-    grants = json.dumps([pki.uri(n) for n in NAMES])
-    (tmp / "policy.toml").write_text(f'pc = "{pki.uri("pc")}"\n[[scope]]\nid = "{SCOPE.hex()}"\n'
+    grants, members = json.dumps([pki.uri(n) for n in NAMES]), json.dumps([pki.uri(n) for n in instances])
+    (tmp / "policy.toml").write_text(f'pc = "{pki.uri("pc")}"\ninstances = {members}\n[[scope]]\nid = "{SCOPE.hex()}"\n'
                                      f"lookup = {grants}\nread = {grants}\nstore = {grants}\n")
 
     def head(name: str, roles: list[str]) -> str:

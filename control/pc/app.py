@@ -2,12 +2,15 @@
 
 Routes, relative to the role's base URI (docs/pc-instance-protocol.md, docs/pc.md):
 
-- ``PUT instances/{instance-id}/status`` (section 6.3): that instance only; 200 ``{"state": ...}``;
-- ``PUT sessions/{session}/checkpoint`` (section 6.8): the session's current instance; 200 Ack;
+- ``PUT instances/{instance-id}/status`` (section 6.3): that instance only, and only an identity the
+  policy lists in ``instances``; 200 ``{"state": ...}``;
+- ``PUT sessions/{session}/checkpoint`` (section 6.8): the instance the PC assigned the session to, at
+  the current epoch, with ``read`` on the session's scope; 200 Ack;
 - ``POST requests`` (extension): GenerateRequest -> 200 SessionInfo; identities with ``lookup`` on the scope;
 - ``GET sessions/{session}`` (extension): SessionInfo; identities with ``lookup`` on the session's scope;
 - ``POST maps/{map}`` (extension): a new Shard Map version -> 202 while the reshard runs (201 for a
-  new map); the PC itself or a configured operator only;
+  new map); the PC itself or a configured operator only, and every member must be a listed instance
+  (the PC sends each member a plan);
 - ``GET maps/{map}`` (extension): the authoritative map, the version in progress, the last outcome.
 
 Handlers only authorize, parse and answer; `PlacementController` feeds the sans-I/O cores and carries
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -37,11 +41,14 @@ from kvsp.client.http import ClientOptions, KvspSession
 from kvsp.client.index import IndexClient
 from kvsp.errors import ValidationError
 from kvsp.identifiers import check_role_id, role_id
+from kvsp.numbers import parse_decimal
 from kvsp.problems import Problem, ProblemError, ProblemType
 from kvsp.records import InstanceStatus, SessionCheckpoint, ShardMap
 from kvsp.records._common import MAX_SAFE_INT
 from kvsp.records.generation import GenerateRequest
 from kvsp.records.shard import MAX_MAP_ID
+
+log = logging.getLogger("kvsp.pc")
 
 PC: web.AppKey[PlacementController] = web.AppKey("kvsp.pc", PlacementController)
 _MAP_STATUS = {"registered": 201, "unchanged": 200, "started": 202}
@@ -63,7 +70,7 @@ async def put_status(request: web.Request) -> web.Response:
     status = await read_json(request, InstanceStatus.from_json, _body_limit(request))
     if role_id(status.instance) != instance_id:
         raise ValidationError("instance-id", "must be the instance-id of the record's instance")
-    if who != status.instance or not pc.may_report(who):
+    if who != status.instance or not pc.is_instance(who):
         pc.metrics.denials.labels("status").inc()
         raise _forbidden(f"{who} may not report the status of {status.instance}")
     answer = pc.report_status(status, pc.clock())
@@ -125,12 +132,12 @@ async def post_map(request: web.Request) -> web.Response:
     new = await read_json(request, ShardMap.from_json, _body_limit(request))
     if new.map != map_id:
         raise ValidationError("map", "must equal the map of the path")
+    for i, shard in enumerate(new.shards):  # plans and the shard traffic they start go to members only
+        if not pc.is_instance(shard.instance):
+            raise ValidationError(f"shards[{i}].instance", "must be an instance the policy lists")
     deadline_ms = pc.settings.reshard_deadline_ms
     if "deadline_ms" in request.query:
-        text = request.query["deadline_ms"]
-        if not text.isdigit() or not 0 < int(text) <= MAX_SAFE_INT:
-            raise ValidationError("deadline_ms", "must be a positive integer")
-        deadline_ms = int(text)
+        deadline_ms = parse_decimal(request.query["deadline_ms"], "deadline_ms", minimum=1, maximum=MAX_SAFE_INT)
     status = _MAP_STATUS[pc.reshard(new, deadline_ms, pc.clock())]
     return json_response(_map_state(pc, map_id), status=status, headers={"Location": f"maps/{map_id}"})
 
@@ -182,6 +189,8 @@ def setup(app: web.Application, config: RoleConfig) -> None:
     pc = PlacementController(settings, config.policy, base_uri=config.server.base_uri, clock=clock,
                              metrics=metrics, board=board)
     app[PC] = pc
+    if not pc.policy.instances:
+        log.warning("the policy lists no instances: every instance status and checkpoint will be refused")
     metrics_of(app).registry.register(PcCollector(pc.registry, pc.sessions))
     base = config.server.base_path
     app.router.add_put(base + "instances/{instance_id}/status", put_status)

@@ -111,6 +111,10 @@ def _nowhere(checkpoint: SessionCheckpoint, avoid: frozenset[str]) -> str | None
     return None
 
 
+def _forbidden(detail: str) -> ProblemError:
+    return ProblemError(Problem.generic(403, "Forbidden", detail))
+
+
 def _service_unavailable(detail: str) -> ProblemError:
     return ProblemError(Problem.generic(503, "Service Unavailable", detail))
 
@@ -127,7 +131,9 @@ class PlacementController:
         self.metrics = metrics
         self.board = board
         self.registry = InstanceRegistry(MinActivePolicy(settings.min_active))
-        self.sessions = SessionTable()
+        # Every session is one the PC placed: a checkpoint never creates one (section 9: only the PC
+        # decides who serves a session, and a session's instance receives its prompt).
+        self.sessions = SessionTable(adopt_unknown=False)
         self.reshards = ReshardCoordinator()
         mean_us = settings.mean_service_ms * 1000
         self.placers = {compat: Placer(PlacerConfig(block_tokens=d.block_tokens, layers=d.layers,
@@ -152,9 +158,13 @@ class PlacementController:
     def is_admin(self, who: str) -> bool:
         return who == self.base_uri or self.policy.is_pc(who) or who in self.settings.operators
 
-    def may_report(self, who: str) -> bool:
+    def is_instance(self, who: str) -> bool:
+        """An identity the policy lists as an instance (and ``[pc] instances`` too, when it is set).
+
+        Authentication alone is not enough: every certificate of the deployment CA authenticates, and
+        the PC sends an instance the prompts of the sessions it places there."""
         allowed = self.settings.instances
-        return allowed is None or who in allowed
+        return self.policy.is_instance(who) and (allowed is None or who in allowed)
 
     def _eligible(self, scope_id: bytes, now: float) -> list[InstanceStatus]:
         """Active instances that may read the scope: only they can serve its sessions."""
@@ -307,7 +317,8 @@ class PlacementController:
             initial = SessionCheckpoint(session, FIRST_EPOCH, request.compat_id, request.scope_id, tuple(keys),
                                         tail, (), 0, sampler)
         # Registered before the start goes out, so that a fast first checkpoint finds its session.
-        self.sessions.open(session, decision.instance, self.clock(), checkpoint=initial, epoch=FIRST_EPOCH)
+        self.sessions.open(session, decision.instance, self.clock(), checkpoint=initial, epoch=FIRST_EPOCH,
+                           scope_id=request.scope_id, compat_id=request.compat_id)
         self.meta[session] = SessionMeta(request.scope_id, request.max_tokens, decision.instance, request.prompt)
         start = StartSession(session, FIRST_EPOCH, request.scope_id, request.compat_id, request.prompt,
                              request.max_tokens, sampler)
@@ -325,11 +336,26 @@ class PlacementController:
 
     # -- sessions (section 6.8) -------------------------------------------------------------------
     def checkpoint(self, sender: str, checkpoint: SessionCheckpoint, now: float) -> dict[str, object]:
-        """Record a checkpoint PUT; the Ack body.  Only live instances may register unknown sessions."""
-        if self.sessions.epoch_of(checkpoint.session) is None and \
-                self.registry.state_of(sender) in (None, InstanceState.FAILED):
+        """Record a checkpoint PUT; the Ack body.
+
+        Authorized in this order, so that an identity that is not an instance learns nothing about any
+        session: an instance (`is_instance`), a session the PC placed (an unknown one is refused like
+        another's: a checkpoint never creates a session), ``read`` on the session's scope and on the one
+        the checkpoint names (the grant that made the instance eligible for it).  The table then admits
+        only the session's current instance at the current epoch, and only the session's own scope_id
+        and compat_id."""
+        scope = self.scope_of(checkpoint.session)
+        refusal: ProblemError | None = None
+        if not self.is_instance(sender):
+            refusal = _forbidden(f"{sender} is not an instance of this deployment")
+        elif scope is None:
+            refusal = _forbidden(f"session {checkpoint.session} was not assigned to {sender}")
+        elif not (self.policy.may_read(sender, scope) and self.policy.may_read(sender, checkpoint.scope_id)):
+            refusal = ProblemError.of(ProblemType.SCOPE_DENIED,
+                                      f"{sender} may not serve sessions of scope {checkpoint.scope_id.hex()}")
+        if refusal is not None:
             self.metrics.denials.labels("checkpoint").inc()
-            raise ProblemError(Problem.generic(403, "Forbidden", f"{sender} is not a live instance"))
+            raise refusal
         try:
             ack = self.sessions.checkpoint(sender, checkpoint, now)
         except ProblemError as exc:

@@ -11,11 +11,13 @@
     resume_timeout_ms = 15000              # bound on a resume: > the instance's load_timeout_ms (it loads first)
     reshard_deadline_ms = 2000             # deadline_ms of reshard plans (POST maps/{map} may override)
     operators = ["https://ops.example/"]   # identities besides the PC's own that may POST maps/{map}
-    instances = ["https://ii1.example/"]   # optional allow-list of instances that may report status
+    instances = ["https://ii1.example/"]   # optional: only these of the policy's instances (D2) are admitted
     deterministic_methods = ["greedy"]     # samplers whose output every eligible instance reproduces
 
-Unknown keys are refused, so that a misspelt key fails at start-up instead of silently taking the
-default.  Relative paths resolve against the configuration file's folder.  A Scope Key file is read
+Which identities are instances is the policy's ``instances`` (D2); ``[pc] instances`` can only narrow
+it, so a PC configuration never admits an identity the policy does not name.  Unknown keys are
+refused, so that a misspelt key fails at start-up instead of silently taking the default.  Relative
+paths resolve against the configuration file's folder.  A Scope Key file is read
 here and nowhere else; its contents never appear in an error message or a log line (decision D2).
 """
 

@@ -192,8 +192,10 @@ def _write_secret(path: Path, text: str) -> None:
     path.write_text(text + "\n")
 
 
-def _policy(pc: str, members: Sequence[str], scopes: Mapping[str, ScopeKey]) -> str:
-    out = f"pc = {toml_value(pc)}\n"
+def _policy(pc: str, instances: Sequence[str], members: Sequence[str], scopes: Mapping[str, ScopeKey]) -> str:
+    # The PC takes status and checkpoints from the listed instances only (D2): every other member has
+    # a certificate of the same CA, and the PC sends an instance the prompts of its sessions.
+    out = f"pc = {toml_value(pc)}\ninstances = {toml_value(instances)}\n"
     for key in scopes.values():
         out += (f"\n[[scope]]\nid = \"{key.scope_id.hex()}\"\nlookup = {toml_value(members)}\n"
                 f"read = {toml_value(members)}\nstore = {toml_value(members)}\n")
@@ -207,7 +209,7 @@ def _write_phase(run_dir: Path, phase: str, s: _Shared, options: UpOptions, name
     cache = phase == "main"
     suffix = "" if cache else BASELINE_SUFFIX
     uri = {n.removesuffix(suffix) if suffix else n: s.uris[n] for n in names}
-    (folder / "policy.toml").write_text(_policy(uri["pc"], list(uri.values()), s.scopes))
+    (folder / "policy.toml").write_text(_policy(uri["pc"], [uri[n] for n in INSTANCES], list(uri.values()), s.scopes))
     keys = {key.scope_id.hex(): f"../{tenant}.scope.key" for tenant, key in s.scopes.items()}
     model = "../model.json"
     procs: list[Proc] = []

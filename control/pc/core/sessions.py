@@ -7,10 +7,13 @@ highest output_offset of that epoch.  Rules enforced, in the order they are chec
   failover the epoch is raised at once, so every later message of the failed instance is rejected,
   whether it was delayed in the network or comes from a partitioned instance that is still running;
 - an epoch higher than the PC issued is rejected (409): only the PC raises epochs;
-- a checkpoint from an instance that is not the session's current owner is rejected (403);
-- a checkpoint must agree with the recorded one on everything they share: compat_id and scope_id
-  (kvsp-incompatible otherwise), prompt, sampler method, parameters and seed, and the generated tokens
-  both cover.  Output already delivered is never altered, so a checkpoint that rewrites it is refused;
+- a checkpoint from an instance that is not the session's current owner is rejected (403); one for a
+  session the table does not know is kvsp-not-found unless ``adopt_unknown`` (the PC adopts none, and
+  answers 403 before it asks, like for a session owned by another);
+- a checkpoint must name the scope_id and compat_id the session was opened with, and agree with the
+  recorded checkpoint on everything they share: compat_id and scope_id (kvsp-incompatible otherwise),
+  prompt, sampler method, parameters and seed, and the generated tokens both cover.  Output already
+  delivered is never altered, so a checkpoint that rewrites it is refused;
 - the recorded checkpoint is the one with the highest output_offset; a late, lower one is kept out
   but still acknowledged with the recorded offset (which covers it).
 
@@ -68,6 +71,8 @@ class _Session:
     touched: float
     stranded: str | None = None  # NO_INSTANCE or NO_CHECKPOINT while the session has no owner
     closed: bool = False
+    scope_id: bytes | None = None  # what the session was opened with; None for an adopted one
+    compat_id: bytes | None = None
 
 
 class SessionTable:
@@ -112,14 +117,20 @@ class SessionTable:
 
     # -- placement and checkpoints -------------------------------------------------------------
     def open(self, session: str, owner: str, now: float, *, checkpoint: SessionCheckpoint | None = None,
-             epoch: int = FIRST_EPOCH) -> None:
+             epoch: int = FIRST_EPOCH, scope_id: bytes | None = None, compat_id: bytes | None = None) -> None:
         """Register a session the PC placed on ``owner``.  An initial checkpoint (output_offset 0, built
-        from the prompt the PC has anyway) lets the session resume even if it fails before its first one."""
+        from the prompt the PC has anyway) lets the session resume even if it fails before its first one.
+        ``scope_id`` and ``compat_id`` (the request's; by default the initial checkpoint's) bind every
+        later checkpoint: without them the first one could move the session into another scope."""
         if session in self._sessions:
             raise _conflict(f"session {session} already exists")
-        if checkpoint is not None and (checkpoint.session != session or checkpoint.epoch != epoch):
-            raise ValueError("the initial checkpoint must name the session and its epoch")
-        self._insert(_Session(session, owner, epoch, checkpoint, now))
+        if checkpoint is not None:
+            if checkpoint.session != session or checkpoint.epoch != epoch:
+                raise ValueError("the initial checkpoint must name the session and its epoch")
+            if scope_id not in (None, checkpoint.scope_id) or compat_id not in (None, checkpoint.compat_id):
+                raise ValueError("the initial checkpoint must name the session's scope_id and compat_id")
+            scope_id, compat_id = checkpoint.scope_id, checkpoint.compat_id
+        self._insert(_Session(session, owner, epoch, checkpoint, now, scope_id=scope_id, compat_id=compat_id))
 
     def _insert(self, entry: _Session) -> _Session:
         if len(self._sessions) >= self._max:
@@ -135,6 +146,7 @@ class SessionTable:
                 raise ProblemError.of(ProblemType.NOT_FOUND, f"no session {checkpoint.session}")
             entry = self._insert(_Session(checkpoint.session, sender, checkpoint.epoch, None, now))
         self._check_fence(entry, sender, checkpoint.epoch)
+        _check_bound(entry, checkpoint)
         _check_consistent(entry.checkpoint, checkpoint)
         if entry.checkpoint is None or checkpoint.output_offset > entry.checkpoint.output_offset:
             entry.checkpoint = checkpoint
@@ -212,6 +224,13 @@ class SessionTable:
         for session in gone:
             del self._sessions[session]
         return gone
+
+
+def _check_bound(entry: _Session, new: SessionCheckpoint) -> None:
+    if (entry.scope_id is not None and new.scope_id != entry.scope_id) or \
+            (entry.compat_id is not None and new.compat_id != entry.compat_id):
+        raise ProblemError.of(ProblemType.INCOMPATIBLE,
+                              f"session {new.session}: compat_id or scope_id differs from the session's")
 
 
 def _check_consistent(recorded: SessionCheckpoint | None, new: SessionCheckpoint) -> None:
