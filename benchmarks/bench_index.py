@@ -161,7 +161,7 @@ def _lookup_cases(quick: bool) -> list[dict[str, object]]:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             http = runner.run(_session(client_context(TlsFiles(d / "client.pem", d / "client.key", d / "ca.pem"))))
             try:
-                with _process(["-m", "kvsp.cli", "serve", "is", "--config", str(d / "is.toml")]) as ours:
+                with _process(["-m", "control.cli", "serve", "is", "--config", str(d / "is.toml")]) as ours:
                     runner.run(_wait_ready(http, uris["is"] + "lookup"))
                     response = runner.run(_publish(http, uris["is"], records, body))
                     (d / "response.json").write_bytes(response)

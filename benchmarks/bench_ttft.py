@@ -110,7 +110,7 @@ def _write_configs(pki: DevPki, tmp: Path, model: Path, moqt_port: int, blocks: 
 @contextlib.asynccontextmanager
 async def _processes(pki: DevPki, tmp: Path) -> AsyncIterator[None]:
     names = {"is": "is", "h1": "holder", **{role: "instance" for role in ROLE.values()}}
-    procs = {name: subprocess.Popen([sys.executable, "-m", "kvsp.cli", "serve", roles, "--config",
+    procs = {name: subprocess.Popen([sys.executable, "-m", "control.cli", "serve", roles, "--config",
                                      str(tmp / f"{name}.toml")], stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, cwd=tmp, env=child_env())
              for name, roles in names.items()}

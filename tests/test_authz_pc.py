@@ -25,8 +25,8 @@ from control.serve import serving
 from kvsp.errors import ValidationError
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import SessionCheckpoint, Shard, ShardMap
-from kvsp.up.layout import INSTANCES as UP_INSTANCES
-from kvsp.up.layout import UpOptions, prepare
+from control.up.layout import INSTANCES as UP_INSTANCES
+from control.up.layout import UpOptions, prepare
 from tests.conftest import APPENDIX_A_SCOPE_KEY, VECTORS
 from tests.support import DevPki, FakeClock, role_config, running
 from tests.test_pc_http import SCOPE as SCOPE_A

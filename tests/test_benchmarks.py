@@ -18,7 +18,7 @@ import pytest
 from benchmarks.__main__ import discover, run_all, select
 from benchmarks._report import evaluate_goals, format_value, markdown, rate_pairs
 from benchmarks._timing import Sample, add_check, case, measure, measure_async, paired
-from kvsp.cli import find_benchmarks
+from control.cli import find_benchmarks
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -218,7 +218,7 @@ def test_kvsp_bench_finds_the_checkout(tmp_path: Path) -> None:
 
 
 def test_kvsp_bench_runs_the_harness() -> None:
-    done = subprocess.run([sys.executable, "-m", "kvsp.cli", "bench", "--list"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "control.cli", "bench", "--list"], capture_output=True, text=True,
                           timeout=60, check=False, cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stderr
     assert "bench_keys" in done.stdout.split()

@@ -28,7 +28,7 @@ SCOPE_KEY = bytes(range(32)).hex()
 
 
 def kvsp(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvsp.cli", *args], input=stdin.decode(),
+    return subprocess.run([sys.executable, "-m", "control.cli", *args], input=stdin.decode(),
                           capture_output=True, text=True, timeout=60, check=False)
 
 

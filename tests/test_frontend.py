@@ -12,7 +12,7 @@ from control.frontend.openai import ApiError, Limits, chunk, parse_completion, s
 from control.frontend.settings import FrontendSettings
 from control.frontend.tokenizer import ByteTokenizer, TextStream
 from kvsp.errors import ValidationError
-from kvsp.up.layout import bytes_model_descriptor
+from control.up.layout import bytes_model_descriptor
 
 LIMITS = Limits("kvsp-test", max_prompt_tokens=64, max_tokens_limit=100)
 TOK = ByteTokenizer()

@@ -13,7 +13,7 @@ import pytest
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
-from kvsp.cli import main
+from control.cli import main
 from kvsp.descriptor import CompatDescriptor
 from kvsp.errors import ValidationError
 from kvsp.hf import descriptor_from_model_dir
@@ -151,7 +151,7 @@ def test_cli_init_and_descriptor(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_the_cli_and_the_descriptor_import_no_torch() -> None:
-    code = ("import sys, kvsp.cli, kvsp.hf, kvsp.engine; "
+    code = ("import sys, control.cli, kvsp.hf, kvsp.engine; "
             "print(sorted(m for m in ('torch', 'transformers', 'safetensors', 'tokenizers') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"

@@ -103,7 +103,7 @@ async def processes(pki: DevPki, tmp: Path) -> AsyncIterator[dict[str, subproces
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name, roles in ROLES.items():
-            procs[name] = subprocess.Popen([sys.executable, "-m", "kvsp.cli", "serve", roles, "--config",
+            procs[name] = subprocess.Popen([sys.executable, "-m", "control.cli", "serve", roles, "--config",
                                             str(tmp / f"{name}.toml")], stdout=subprocess.DEVNULL,
                                            stderr=subprocess.PIPE, cwd=tmp, env=child_env())
         for name, proc in procs.items():

@@ -96,7 +96,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     try:
         for name in ("is", "h1", "h2"):
             procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "kvsp.cli", "serve", "is" if name == "is" else "holder",
+                [sys.executable, "-m", "control.cli", "serve", "is" if name == "is" else "holder",
                  "--config", str(tmp_path / f"{name}.toml")],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path, env=child_env())
         for name, proc in procs.items():
@@ -182,7 +182,7 @@ async def test_processes_reject_clients_without_certificates(cluster: Cluster) -
 
 def test_serve_without_tls_is_one_line_error(tmp_path: Path) -> None:
     (tmp_path / "c.toml").write_text('roles = ["is"]\n[server]\nbase_uri = "https://127.0.0.1:1/"\n')
-    result = subprocess.run([sys.executable, "-m", "kvsp.cli", "serve", "is", "--config", str(tmp_path / "c.toml")],
+    result = subprocess.run([sys.executable, "-m", "control.cli", "serve", "is", "--config", str(tmp_path / "c.toml")],
                             capture_output=True, text=True, timeout=60, check=False, env=child_env())
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "tls" in result.stderr

@@ -23,9 +23,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from moqt.api import Publisher, SubscriptionEnded, TransferError, allow_authenticated
+from moqt.api import Publisher, SubscriptionEnded, TransferError, UpstreamLink, allow_authenticated
 from moqt.profile import PublishDoneCode
-from relay.upstream import UpstreamLink
 from tests.support import DevPki
 from tests.test_relay_support import (
     NAMES,
@@ -61,7 +60,7 @@ class Chain:
 
     def start(self, name: str) -> None:
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "kvsp.cli", "serve", "relay", "--config", str(self.tmp / f"{name}.toml")],
+            [sys.executable, "-m", "control.cli", "serve", "relay", "--config", str(self.tmp / f"{name}.toml")],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=self.tmp, env=child_env())
 
     def stop(self, name: str, sig: int = signal.SIGTERM) -> None:

@@ -35,7 +35,7 @@ from kvsp.descriptor import CompatDescriptor
 from kvsp.engine import DeterministicTestEngine, EngineGeometry
 from kvsp.records import Sampler
 from kvsp.records.generation import SessionInfo, StreamEnd, TokenEvent, parse_stream_line
-from kvsp.up.layout import TomlValue, toml_table, toml_value
+from control.up.layout import TomlValue, toml_table, toml_value
 from tests.support import DevPki
 from tests.test_instance_support import DESCRIPTOR, GEOMETRY, SCOPE, SCOPE_KEY, VOCAB
 
@@ -151,7 +151,7 @@ class System:
         """Start (or start again, as a new incarnation) the role process ``name``."""
         with (self.tmp / f"{name}.log").open("ab") as log:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "kvsp.cli", "serve", ROLES[name], "--config", str(self.tmp / f"{name}.toml")],
+                [sys.executable, "-m", "control.cli", "serve", ROLES[name], "--config", str(self.tmp / f"{name}.toml")],
                 stdout=subprocess.DEVNULL, stderr=log, cwd=self.tmp, env=child_env())
 
     async def restart(self, name: str) -> None:

@@ -21,8 +21,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from kvsp.up.layout import Deployment
-from kvsp.up.supervisor import child_env
+from control.up.layout import Deployment
+from control.up.supervisor import child_env
 
 START_TIMEOUT_S = 240.0  # the whole run until "The system is up" (about a minute; generous for loaded CI)
 
@@ -71,7 +71,7 @@ def processes_mentioning(text: str) -> list[int]:
 def test_kvsp_up_runs_reports_serves_and_shuts_down_without_orphans(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvsp.cli", "up", "--run-dir", str(run_dir), "--chats", "4", "--turns", "2",
+        [sys.executable, "-m", "control.cli", "up", "--run-dir", str(run_dir), "--chats", "4", "--turns", "2",
          "--max-tokens", "16", "--concurrency", "2", "--kill-after", "0.25", "--keep-running", "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(), cwd=tmp_path)
     try:

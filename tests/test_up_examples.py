@@ -16,8 +16,8 @@ from control.holder.settings import HolderSettings
 from control.index.settings import IndexSettings
 from control.instance.settings import InstanceSettings
 from control.pc.settings import PcSettings
-from kvsp.up.layout import bytes_model_descriptor
-from kvsp.up.supervisor import child_env
+from control.up.layout import bytes_model_descriptor
+from control.up.supervisor import child_env
 from relay.settings import RelaySettings
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "two-rack"
@@ -42,7 +42,7 @@ def test_setup_and_every_config_of_the_two_rack_example(tmp_path: Path) -> None:
     descriptor = tmp_path / "descriptor.json"
     descriptor.write_text(json.dumps(bytes_model_descriptor().to_json()))
     fake_model(work / "model")
-    env = {**child_env(), "KVSP": "python3 -m kvsp.cli", "MODEL_JSON": str(descriptor)}
+    env = {**child_env(), "KVSP": "python3 -m control.cli", "MODEL_JSON": str(descriptor)}
     done = subprocess.run(["sh", str(work / "setup.sh")], env=env, capture_output=True, text=True, timeout=120,
                           check=False)
     assert done.returncode == 0, done.stderr

@@ -12,20 +12,20 @@ import sys
 import time
 from pathlib import Path
 
-from kvsp.up.supervisor import child_env
+from control.up.supervisor import child_env
 from tests.test_up_e2e import processes_mentioning, read_until
 
 
 def test_kvsp_workload_on_a_kept_system_kills_and_the_supervisor_restarts(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     up = subprocess.Popen(
-        [sys.executable, "-m", "kvsp.cli", "up", "--run-dir", str(run_dir), "--model", "test", "--no-baseline",
+        [sys.executable, "-m", "control.cli", "up", "--run-dir", str(run_dir), "--model", "test", "--no-baseline",
          "--chats", "2", "--turns", "1", "--no-kill", "--keep-running", "--quiet", "--restart-delay", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(), cwd=tmp_path)
     try:
         output = read_until(up, "The system is up", 120)
         assert "The system is up" in output, output[-4000:]
-        done = subprocess.run([sys.executable, "-m", "kvsp.cli", "workload", "--run-dir", str(run_dir), "--chats", "4",
+        done = subprocess.run([sys.executable, "-m", "control.cli", "workload", "--run-dir", str(run_dir), "--chats", "4",
                                "--turns", "2", "--kill-after", "0.25", "--quiet"], env=child_env(),
                               capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

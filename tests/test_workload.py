@@ -13,12 +13,12 @@ from control.frontend.tokenizer import ByteTokenizer
 from control.holder.settings import HolderSettings
 from control.instance.settings import InstanceSettings
 from control.pc.settings import PcSettings
-from kvsp.up import report
-from kvsp.up.layout import BASELINE_SUFFIX, Deployment, UpOptions, prepare
-from kvsp.up.main import checks
-from kvsp.up.runner import KillRecord, RequestResult, RunResult
-from kvsp.up.scrape import Scraper, by_label, labelled, parse_exposition, total
-from kvsp.up.workload import Conversation, WorkloadSpec, build, percentile
+from control.up import report
+from control.up.layout import BASELINE_SUFFIX, Deployment, UpOptions, prepare
+from control.up.main import checks
+from control.up.runner import KillRecord, RequestResult, RunResult
+from control.up.scrape import Scraper, by_label, labelled, parse_exposition, total
+from control.up.workload import Conversation, WorkloadSpec, build, percentile
 from relay.settings import RelaySettings
 
 ENCODE = ByteTokenizer().encode
@@ -205,7 +205,7 @@ def test_a_relay_is_configured_when_asked(tmp_path: Path) -> None:
 
 
 def test_bad_command_lines_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from kvsp.cli import main  # noqa: PLC0415
+    from control.cli import main  # noqa: PLC0415
 
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "x").write_text("")

@@ -4,7 +4,7 @@
 #   keys/   the tenants' Scope Keys and the acme tenant's API key (readable by their owner only)
 #   model/  the reference model (kvsp model init) and model.json, its Compatibility Descriptor
 # and writes the Scope IDs into the configs and the policy.  Production brings its own CA and keys:
-# see docs/deploy.md.  KVSP overrides the command (e.g. KVSP="python3 -m kvsp.cli"); MODEL_JSON names
+# see docs/deploy.md.  KVSP overrides the command (e.g. KVSP="python3 -m control.cli"); MODEL_JSON names
 # an existing descriptor to use instead of making the model (model/ must then be provided separately).
 set -eu
 cd "$(dirname "$0")"

@@ -26,12 +26,12 @@ import aiohttp
 from control.frontend.tokenizer import load_tokenizer
 from control.tls import TlsFiles, client_context
 from kvsp.errors import KvspError
-from kvsp.up import report
-from kvsp.up.layout import INSTANCES, SCRAPER, Deployment, UpOptions, prepare
-from kvsp.up.runner import Killer, Progress, Runner, RunResult
-from kvsp.up.scrape import Samples, Scraper, labelled, parse_exposition
-from kvsp.up.supervisor import StartError, Supervisor, child_env
-from kvsp.up.workload import WorkloadSpec, build
+from control.up import report
+from control.up.layout import INSTANCES, SCRAPER, Deployment, UpOptions, prepare
+from control.up.runner import Killer, Progress, Runner, RunResult
+from control.up.scrape import Samples, Scraper, labelled, parse_exposition
+from control.up.supervisor import StartError, Supervisor, child_env
+from control.up.workload import WorkloadSpec, build
 
 READY_TIMEOUT_S = 60.0
 RESTART_WAIT_S = 20.0
@@ -219,7 +219,7 @@ async def make_reference_model(run_dir: Path) -> Path:
         return folder
     run_dir.mkdir(parents=True, exist_ok=True)
     say(f"kvsp up: writing the reference model into {folder} (kvsp model init)")
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kvsp.cli", "model", "init", str(folder),
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "control.cli", "model", "init", str(folder),
                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
                                                 env=child_env())
     _, err = await proc.communicate()

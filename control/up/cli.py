@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from kvsp.up.workload import WorkloadSpec
+from control.up.workload import WorkloadSpec
 
 
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,7 +23,7 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _up(args: argparse.Namespace) -> None:
-    from kvsp.up.main import cmd_up  # noqa: PLC0415
+    from control.up.main import cmd_up  # noqa: PLC0415
 
     code = cmd_up(args)
     if code:
@@ -31,7 +31,7 @@ def _up(args: argparse.Namespace) -> None:
 
 
 def _workload(args: argparse.Namespace) -> None:
-    from kvsp.up.main import cmd_workload  # noqa: PLC0415
+    from control.up.main import cmd_workload  # noqa: PLC0415
 
     code = cmd_workload(args)
     if code:

@@ -11,9 +11,9 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kvsp.up.runner import RequestResult, RunResult
-from kvsp.up.scrape import Samples, by_label, labelled, total
-from kvsp.up.workload import WorkloadSpec, percentile
+from control.up.runner import RequestResult, RunResult
+from control.up.scrape import Samples, by_label, labelled, total
+from control.up.workload import WorkloadSpec, percentile
 
 Figures = dict[str, object]
 _MOQT_BYTES = re.compile(r"^kvsp_\w*moqt\w*bytes\w*_total\b")

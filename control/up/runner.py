@@ -19,7 +19,7 @@ from typing import IO
 
 import aiohttp
 
-from kvsp.up.workload import Conversation, Workload, percentile
+from control.up.workload import Conversation, Workload, percentile
 
 MAX_EVENT = 1 << 16
 Killer = Callable[[str], str | None]  # instance URI -> the name of the process killed (None: not ours)

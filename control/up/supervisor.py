@@ -1,6 +1,6 @@
 """Role processes of one phase, supervised: started, watched, restarted after a crash, stopped cleanly.
 
-Each child runs ``python -m kvsp.cli serve ROLES --config FILE`` in its own session (so a terminal's
+Each child runs ``python -m control.cli serve ROLES --config FILE`` in its own session (so a terminal's
 Ctrl-C reaches only the supervisor, which then stops the children in order) and, on Linux, with a
 parent-death signal, so that no child outlives a supervisor that was itself killed.  Output goes to
 ``logs/NAME.log`` in the run directory, appended across restarts.
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from kvsp.up.layout import Proc
+from control.up.layout import Proc
 
-log = logging.getLogger("kvsp.up")
+log = logging.getLogger("control.up")
 
 PR_SET_PDEATHSIG = 1
 STOP_ORDER = ("fe", "ii", "relay", "h", "pc")  # front end first, the PC (and its IS) last
@@ -85,7 +85,7 @@ class Supervisor:
                           f"{time.strftime('%H:%M:%S')} ---\n".encode())
             logfile.flush()
             child.popen = subprocess.Popen(
-                [sys.executable, "-m", "kvsp.cli", "serve", p.roles, "--config", str(self.run_dir / p.config)],
+                [sys.executable, "-m", "control.cli", "serve", p.roles, "--config", str(self.run_dir / p.config)],
                 stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT, cwd=self.run_dir,
                 env=child_env(), start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)  # noqa: PLW1509

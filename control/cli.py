@@ -22,7 +22,7 @@ from kvsp.errors import KvspError, ValidationError
 from kvsp.hf.cli import add_model_parser
 from kvsp.keys import ScopeKey, block_keys
 from kvsp.pki import RoleSpec, make_dev_pki
-from kvsp.up.cli import add_parsers as add_up_parsers
+from control.up.cli import add_parsers as add_up_parsers
 
 EXIT_INVALID = 2
 MAX_TEXT_INPUT = 64 * 1024 * 1024  # descriptors and token lists are small; refuse runaway input
@@ -136,7 +136,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from kvsp import demo  # noqa: PLC0415
+    from control import demo  # noqa: PLC0415
 
     demo.main(args.dir)
 
