@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from control.pc.core.lifecycle import (
+from kvsp.problems import ProblemError, ProblemType
+from kvsp.records.lifecycle import (
     TRANSITIONS,
     InvalidTransition,
     LifecycleEvent,
@@ -16,7 +17,6 @@ from control.pc.core.lifecycle import (
     command_for,
     next_state,
 )
-from kvsp.problems import ProblemError, ProblemType
 from kvsp.registry import InstanceState
 
 A, D, S, F = InstanceState.ACTIVE, InstanceState.DRAINING, InstanceState.SLEEPING, InstanceState.FAILED

@@ -1,7 +1,7 @@
 """Sans-I/O cores of the inference instance: every method takes ``now`` and returns typed values.
 
 - `InstanceLifecycle` (section 6.3): own state, admission, sleep requests, the PC's state changes,
-  moved through the same table as the PC (`control.pc.core.lifecycle`);
+  moved through the same table as the PC (`kvsp.records.lifecycle`);
 - `PrefetchTracker` (section 6.5): who may send directives, the pending quota, per-directive state;
 - `OutputGate` / `OutputAssembler` (section 6.8): token labels, checkpoints, release, reassembly;
 - `ShardStore` (section 6.9): KV by token range, plan, acknowledge, commit or abort.

@@ -1,7 +1,7 @@
 """The instance's own side of the lifecycle (spec section 6.3), driven by the PC's shared table.
 
 `InstanceLifecycle` holds the state the instance reports and the sessions in flight, and moves only
-through `control.pc.core.lifecycle.TRANSITIONS`, so the instance and the PC cannot disagree about
+through `kvsp.records.lifecycle.TRANSITIONS`, so the instance and the PC cannot disagree about
 which moves exist.  Rules enforced:
 
 - new sessions and prefetch directives are admitted only while active (`require_active`); a draining
@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from control.instance.core.events import ReportStatus
-from control.pc.core.lifecycle import LifecycleEvent, command_for, next_state
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import InstanceStatus, Link, StateChange
+from kvsp.records.lifecycle import LifecycleEvent, command_for, next_state
 from kvsp.registry import InstanceState
 
 _ACTIVE, _DRAINING, _SLEEPING = InstanceState.ACTIVE, InstanceState.DRAINING, InstanceState.SLEEPING

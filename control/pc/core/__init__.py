@@ -29,10 +29,10 @@ from control.pc.core.events import (
     Wake,
 )
 from control.pc.core.instances import InstanceRegistry, MinActivePolicy, SleepPolicy
-from control.pc.core.lifecycle import TRANSITIONS, InvalidTransition, LifecycleEvent, next_state
 from control.pc.core.placement import PlacementRequest, Placer, PlacerConfig
 from control.pc.core.reshard import ReshardCoordinator
 from control.pc.core.sessions import Chooser, SessionLimitError, SessionTable
+from kvsp.records.lifecycle import TRANSITIONS, InvalidTransition, LifecycleEvent, next_state
 
 __all__ = [
     "TRANSITIONS",

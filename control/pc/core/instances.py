@@ -1,7 +1,7 @@
 """The PC's view of the inference instances (spec section 6.3), sans-I/O.
 
 `InstanceRegistry` keeps the latest status record of each instance and the PC's own view of its
-lifecycle state, moved only through the table in `control.pc.core.lifecycle`.  Rules enforced:
+lifecycle state, moved only through the table in `kvsp.records.lifecycle`.  Rules enforced:
 
 - records with an epoch lower than the highest seen are discarded (`StatusDiscarded`, kvsp-stale-epoch);
   a record of an incarnation the PC declared failed is discarded too (kvsp-invalid-state): a fenced
@@ -32,9 +32,9 @@ from control.pc.core.events import (
     StatusDiscarded,
     StatusOutcome,
 )
-from control.pc.core.lifecycle import LifecycleEvent, command_for, next_state
 from kvsp.problems import Problem, ProblemError, ProblemType
 from kvsp.records import InstanceStatus, StateChange
+from kvsp.records.lifecycle import LifecycleEvent, command_for, next_state
 from kvsp.registry import InstanceState
 
 DEFAULT_MAX_INSTANCES: Final = 4096
