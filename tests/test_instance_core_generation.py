@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from control.instance.core import OutputAssembler, OutputGate, OutputOverflow, OutputToken
+from control.instance.core import OutputGate, OutputToken
 from control.pc.core import ResumeSession, SessionTable
 from kvsp.engine import DeterministicTestEngine, EngineGeometry, greedy_sampler, top_p_sampler
+from kvsp.output import OutputAssembler, OutputOverflow
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import Sampler, SessionCheckpoint
 

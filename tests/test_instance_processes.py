@@ -23,10 +23,11 @@ from pathlib import Path
 
 import aiohttp
 
-from control.instance.core import OutputAssembler, OutputToken
+from control.instance.core import OutputToken
 from control.instance.records import EndLine, TokenLine, parse_token_line
 from kvsp.client.index import IndexClient
 from kvsp.engine import top_p_sampler
+from kvsp.output import OutputAssembler
 from kvsp.records import LookupRequest
 from tests.support import DevPki
 from tests.test_instance_support import (

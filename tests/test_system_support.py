@@ -30,12 +30,12 @@ from pathlib import Path
 
 import aiohttp
 
-from control.instance.core import OutputAssembler
+from control.up.layout import TomlValue, toml_table, toml_value
 from kvsp.descriptor import CompatDescriptor
 from kvsp.engine import DeterministicTestEngine, EngineGeometry
+from kvsp.output import OutputAssembler
 from kvsp.records import Sampler
 from kvsp.records.generation import SessionInfo, StreamEnd, TokenEvent, parse_stream_line
-from control.up.layout import TomlValue, toml_table, toml_value
 from tests.support import DevPki
 from tests.test_instance_support import DESCRIPTOR, GEOMETRY, SCOPE, SCOPE_KEY, VOCAB
 

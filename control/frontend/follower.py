@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 
 import aiohttp
 
-from control.instance.core import OutputAssembler
 from kvsp.client.http import KvspSession, TransportError
 from kvsp.errors import KvspError
+from kvsp.output import OutputAssembler
 from kvsp.problems import ProblemError
 from kvsp.records.generation import GenerateRequest, SessionInfo, SessionState, StreamEnd, TokenEvent, parse_stream_line
 

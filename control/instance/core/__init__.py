@@ -3,7 +3,7 @@
 - `InstanceLifecycle` (section 6.3): own state, admission, sleep requests, the PC's state changes,
   moved through the same table as the PC (`kvsp.records.lifecycle`);
 - `PrefetchTracker` (section 6.5): who may send directives, the pending quota, per-directive state;
-- `OutputGate` / `OutputAssembler` (section 6.8): token labels, checkpoints, release, reassembly;
+- `OutputGate` (section 6.8): token labels, checkpoints, release (reassembly is `kvsp.output`);
 - `ShardStore` (section 6.9): KV by token range, plan, acknowledge, commit or abort.
 
 What each returned action asks the HTTP adapter to do is said in `control.instance.core.events`.
@@ -23,7 +23,7 @@ from control.instance.core.events import (
     ReportStatus,
     ShardAction,
 )
-from control.instance.core.generation import OutputAssembler, OutputGate, OutputOverflow
+from control.instance.core.generation import OutputGate
 from control.instance.core.lifecycle import InstanceLifecycle
 from control.instance.core.prefetch import DirectiveForbidden, DirectiveQuotaExceeded, PrefetchTracker
 from control.instance.core.shards import Segment, ShardStore
@@ -39,9 +39,7 @@ __all__ = [
     "FetchRange",
     "InstanceLifecycle",
     "LoadBlock",
-    "OutputAssembler",
     "OutputGate",
-    "OutputOverflow",
     "OutputToken",
     "PlanFailed",
     "PrefetchAction",
