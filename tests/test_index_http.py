@@ -69,6 +69,7 @@ def make_policy(pki: DevPki) -> Policy:
         },
         publish_for={u("delegate"): frozenset({u("h1")})},
         quotas=Quotas(keys_per_lookup=KEYS_MAX, body_limit_octets=BODY_MAX, replica_ttl_ms_max=TTL_MAX_MS),
+        instances=frozenset({u("ii7"), u("ii9")}),
     )
 
 

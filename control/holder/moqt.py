@@ -8,9 +8,11 @@ octets (host memory: no copy; local storage: one decrypting read per tier segmen
 Identity: the certificate's URI SAN stays the holder's ``https`` base URI, which is its identity on
 QUIC too; the namespace's holder-id field is ``role_id`` of that base URI (the producer, as D3 and
 spec section 4.4 make it the holder for authorization). Beside each ``https`` record the holder
-publishes a second Replica Record with ``holder`` = the ``moqt://`` URI and ``moqt_namespace``;
-the IS accepts it because the namespace names the publishing holder. Both are refreshed and
-withdrawn together (``Publisher.add_variant``).
+publishes a second Replica Record with ``holder`` = the ``moqt://`` URI (its own, or with
+``moqt_relay`` the relay's: `HolderMoqt.uri`) and ``moqt_namespace``; the IS accepts it because the
+namespace names the publishing holder, and keeps it apart from other producers' records at the same
+relay URI. Both are refreshed and withdrawn together (``Publisher.add_variant``), the MOQT one at the
+URI it names, with this holder as the producer.
 
 Authorization: peers authenticate with a client certificate of the deployment CA, or with an
 AUTHORIZATION_TOKEN signed by a key in ``moqt_token_keys``; FETCH needs ``policy.may_read`` on the
@@ -215,5 +217,5 @@ def setup(app: web.Application, config: RoleConfig, holder: Holder) -> None:
         return
     moqt = HolderMoqt(holder, config, settings)
     app[HOLDER_MOQT] = moqt
-    holder.publisher.add_variant(settings.uri, moqt.record_for)
+    holder.publisher.add_variant(moqt.uri, moqt.record_for)  # the URI record_for puts in the records
     app.cleanup_ctx.append(moqt.lifecycle)

@@ -10,6 +10,12 @@ residency or read rate that has since changed, and a block evicted in the meanti
 When the IS caps the TTL, the next refresh comes at a third of the capped TTL.
 A failed publication is retried soon (``RETRY_S``) rather than at the next refresh; a failed
 withdrawal is logged and counted: the record expires at the IS after its ``ttl_ms`` in any case.
+
+A withdrawal goes where the records went: the publisher remembers the holder URI of every record it
+sent for a block (a relay's, for MOQT records published through one) and DELETEs at each, naming
+this holder as the producer, since at a relay's URI the IS keeps one record per producer.  Blocks it
+never published in this process (found stale in local storage after a restart) are withdrawn at the
+URIs it would publish at.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from control.holder.metrics import HolderMetrics
 from control.holder.store import BlockId
 from kvsp.client.index import IndexClient
 from kvsp.errors import KvspError
+from kvsp.identifiers import role_id
 from kvsp.records import ReplicaRecord
 
 log = logging.getLogger("kvsp.holder.publisher")
@@ -102,6 +109,7 @@ class Publisher:
                  metrics: HolderMetrics, *, concurrency: int = DEFAULT_CONCURRENCY) -> None:
         self.index: IndexClient | None = None
         self.holder = holder
+        self.producer_id = role_id(holder)  # every record this holder publishes names it as the producer
         self.schedule = RefreshSchedule(interval_s)
         self._record_of = record_of
         self._clock = clock
@@ -109,12 +117,17 @@ class Publisher:
         self._limit = asyncio.Semaphore(concurrency)
         self._tails: dict[BlockId, asyncio.Task[bool]] = {}
         self._variants: list[tuple[str, Callable[[ReplicaRecord], ReplicaRecord]]] = []
+        # Holder URIs of the records sent per block, as one shared tuple per distinct set.
+        self._sent: dict[BlockId, tuple[str, ...]] = {}
+        self._sent_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def add_variant(self, holder: str, derive: Callable[[ReplicaRecord], ReplicaRecord]) -> None:
         """Publish ``derive(record)`` beside every record, refreshed and withdrawn with it.
 
         For the same replica served another way: the MOQT record whose holder is ``holder`` (a
-        ``moqt://`` URI) and whose namespace names this holder as the producer (decision D3).
+        ``moqt://`` URI: the holder's endpoint, or its relay's) and whose namespace names this
+        holder as the producer (decision D3).  ``holder`` is where the records of blocks not
+        published in this process are withdrawn; the others are withdrawn where they were sent.
         """
         self._variants.append((holder, derive))
 
@@ -151,6 +164,12 @@ class Publisher:
                 for task in pending:
                     task.cancel()
 
+    def targets(self, block: BlockId) -> tuple[str, ...]:
+        """Holder URIs a withdrawal of the block DELETEs at: where its records were sent, else where
+        they would be sent."""
+        sent = self._sent.get(block)
+        return sent if sent is not None else (self.holder, *(holder for holder, _ in self._variants))
+
     # -- machinery -------------------------------------------------------------------------------
     def _chain(self, block: BlockId, op: Callable[[], Awaitable[bool]]) -> asyncio.Task[bool]:
         previous = self._tails.get(block)
@@ -178,10 +197,12 @@ class Publisher:
         if self.index is None:
             return True
         sent = self._clock()
+        records = [record, *(derive(record) for _, derive in self._variants)]
+        self._remember(block, records)  # before the PUTs: one that fails may still have been stored
         try:
             stored = await self.index.publish(record)
-            for _, derive in self._variants:
-                await self.index.publish(derive(record))
+            for variant in records[1:]:
+                await self.index.publish(variant)
         except (KvspError, OSError) as exc:
             self._metrics.index_failures.labels("publish").inc()
             log.warning("publishing %s failed: %s", block, exc)
@@ -194,12 +215,18 @@ class Publisher:
             self.schedule.schedule(block, sent + effective / 3000)
         return True
 
+    def _remember(self, block: BlockId, records: list[ReplicaRecord]) -> None:
+        holders = tuple(dict.fromkeys((*self._sent.get(block, ()), *(r.holder for r in records))))
+        self._sent[block] = self._sent_sets.setdefault(holders, holders)
+
     async def _withdraw(self, block: BlockId) -> bool:
+        targets = self.targets(block)
+        self._sent.pop(block, None)
         if self.index is None:
             return True
         try:
-            for holder in (self.holder, *(holder for holder, _ in self._variants)):
-                await self.index.withdraw(holder, block.block_key)
+            for holder in targets:
+                await self.index.withdraw(holder, block.block_key, producer=self.producer_id)
         except (KvspError, OSError) as exc:
             self._metrics.index_failures.labels("withdraw").inc()
             log.warning("withdrawing %s failed: %s", block, exc)

@@ -4,10 +4,16 @@ Routes, relative to the role's base URI:
 
 - ``PUT replicas/{holder-id}/{block_key}``: publish or refresh (201 on create, 200 on refresh; the
   body is the record as stored, with its TTL capped);
-- ``DELETE replicas/{holder-id}/{block_key}``: withdraw (204; 404 ``kvsp-not-found``);
+- ``DELETE replicas/{holder-id}/{block_key}[?producer={holder-id}]``: withdraw the caller's own
+  records there (204; 404 ``kvsp-not-found``);
 - ``POST lookup``: longest-prefix lookup with optional per-target estimates;
 - ``PUT instances/{instance-id}/status``: only when the PC role is not in this process; with it, the
   PC owns that route and shares the `StatusBoard` through `STATUS_BOARD`.
+
+Each record at a path belongs to its producer (`ReplicaRecord.producer_id`): the holder for ``https``
+records, the namespace's holder-id for ``moqt`` ones, whose path is often a relay's shared by many
+producers.  Only the producer, or an identity the policy lets publish for it, creates, replaces or
+withdraws it; the store keys entries by producer so that nothing else can (sections 4.4, 6.1, 9).
 
 Everything protocol-shaped lives in the sans-I/O `ReplicaIndex` and `StatusBoard`; this module only
 authorizes, reads the clock, and moves JSON.  Errors are raised as `ProblemError`/`ValidationError`
@@ -65,15 +71,14 @@ def acts_for(policy: Policy, who: str, holder_id: str) -> bool:
 
 
 def may_publish(policy: Policy, who: str, record: ReplicaRecord) -> bool:
-    """The holder named in the record, a delegate of it, or (moqt) the publisher of its namespace.
+    """Whether ``who`` is the record's producer or a delegate of it (sections 4.4, 6.1).
 
-    For a replica served over MOQT, the record's holder is the endpoint or relay and the namespace's
-    holder-id field names the producer, which section 4.4 makes the holder for authorization.
+    For an ``https`` record the producer is the holder named in it.  For a replica served over MOQT,
+    the record's holder is the endpoint or relay and the namespace's holder-id field names the
+    producer, which section 4.4 makes the holder for authorization; being (or delegating for) the
+    relay does not suffice, since the relay serves many producers' tracks under one URI.
     """
-    if policy.may_publish_for(who, record.holder):
-        return True
-    namespace = record.moqt_namespace
-    return namespace is not None and acts_for(policy, who, namespace.holder_id)
+    return acts_for(policy, who, record.producer_id)
 
 
 def _forbidden(detail: str) -> ProblemError:
@@ -152,7 +157,8 @@ class IndexService:
             raise ValidationError("block_key", "must equal the record's block_key")
         if not may_publish(self.policy, who, record):
             self.metrics.identity_denials.labels("publish").inc()
-            raise _forbidden(f"{who} may not publish replicas for {record.holder}")
+            raise _forbidden(f"{who} may not publish replicas of producer {record.producer_id} "
+                             f"(holder {record.holder})")
         if not self.policy.may_store(who, record.scope_id):
             self.metrics.scope_denials.labels("publish").inc()
             raise ProblemError.of(ProblemType.SCOPE_DENIED, f"{who} may not store in scope {record.scope_id.hex()}")
@@ -161,20 +167,31 @@ class IndexService:
         return json_response(stored.record, status=201 if stored.created else 200)
 
     async def withdraw(self, request: web.Request) -> web.Response:
-        """DELETE replicas/{holder-id}/{block_key}: only the holder or a delegate (section 6.1, 7)."""
+        """DELETE replicas/{holder-id}/{block_key}: the caller's own records there (sections 6.1, 7).
+
+        Removes the records at the path whose producer the caller is or may publish for, narrowed to
+        one producer by ``?producer={holder-id}``; other producers' records stay.  Which answer comes
+        depends only on the caller's own records and on the policy, never on anyone else's, so that
+        nobody probes other producers' replicas: 204 when one was removed; else 404 when the caller
+        could have had one there (it acts for the path's holder-id or for the producer it named);
+        else 403.
+        """
         who = identity(request)
         holder_id, block_key = _replica_path(request)
-        now = self.clock()
-        if not acts_for(self.policy, who, holder_id):
-            # Same answer whether or not the record exists, so that nobody probes others' replicas.
-            record = self.index.get(holder_id, block_key, now)
-            if record is None or not may_publish(self.policy, who, record):
-                self.metrics.identity_denials.labels("withdraw").inc()
-                raise _forbidden(f"{who} may not withdraw replicas of holder-id {holder_id}")
-        if not self.index.delete(holder_id, block_key, now):
+        named = request.query.get("producer")
+        producer = None if named is None else check_role_id(named, "producer")
+        policy = self.policy
+
+        def own(candidate: str) -> bool:
+            return (producer is None or candidate == producer) and acts_for(policy, who, candidate)
+
+        if self.index.withdraw(holder_id, block_key, self.clock(), own):
+            self.metrics.withdrawals.inc()
+            return web.Response(status=204)
+        if acts_for(policy, who, holder_id if producer is None else producer):
             raise ProblemError.of(ProblemType.NOT_FOUND, "no such replica")
-        self.metrics.withdrawals.inc()
-        return web.Response(status=204)
+        self.metrics.identity_denials.labels("withdraw").inc()
+        raise _forbidden(f"{who} has no replica to withdraw at holder-id {holder_id} and may not act for it")
 
     async def lookup(self, request: web.Request) -> web.Response:
         """POST lookup (section 6.2): longest prefix, replicas per key, estimates per known target."""
@@ -220,7 +237,9 @@ class IndexService:
         status = await read_json(request, InstanceStatus.from_json, self.body_limit)
         if role_id(status.instance) != instance_id:
             raise ValidationError("instance-id", "must be the instance-id of the record's instance")
-        if who != status.instance:
+        # Only a listed instance reports status (D2), as at the PC: lookups turn statuses into the
+        # estimates that place sessions, so an identity that is not an instance must not appear there.
+        if who != status.instance or not self.policy.is_instance(who):
             self.metrics.identity_denials.labels("status").inc()
             raise _forbidden(f"{who} may not report the status of {status.instance}")
         entry = self.board.put(status, self.clock())

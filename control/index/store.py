@@ -5,12 +5,17 @@ any monotonic scale), so expiry is tested by passing numbers and the HTTP adapte
 
 Layout and costs:
 
-- ``_by_key: dict[block_key, list[_Entry]]``, one entry per holder of the key.  The resource path
-  ``replicas/{holder-id}/{block_key}`` has no scope, so a holder has at most one record per Block
-  Key and a withdrawal finds it by key alone; scope and compat_id are checked per entry at lookup,
-  so a record of another scope or compat is never a match.  Block Keys are HMACs under the Scope
-  Key, so keys of different scopes do not collide in practice and the per-key lists stay short (one
-  entry per holder).  A list costs 64 octets where a one-item dict costs 224.
+- ``_by_key: dict[block_key, list[_Entry]]``, one entry per (holder-id, producer) of the key.  The
+  producer is the record's `ReplicaRecord.producer_id`: the holder itself for an ``https`` record,
+  the namespace's holder-id for a ``moqt`` one.  Records of blocks published through a relay all
+  name the relay's URI, so they share one ``replicas/{holder-id}/{block_key}`` path; keying entries
+  by the producer too keeps each producer's replica its own, so that no producer's PUT replaces, and
+  no producer's DELETE removes, another's (sections 4.4, 6.1, 9).  The path has no scope, so a
+  producer has at most one record per holder and Block Key; scope and compat_id are checked per
+  entry at lookup, so a record of another scope or compat is never a match.  Block Keys are HMACs
+  under the Scope Key, so keys of different scopes do not collide in practice and the per-key lists
+  stay short (one entry per holder and producer).  A list costs 64 octets where a one-item dict
+  costs 224.
 - `lookup` probes ``_by_key`` once per requested key and stops at the first key without an
   unexpired replica, so it costs O(keys x holders per key) whatever the size of the index.
 - Expiry: entries that a lookup meets expired are dropped on the spot; the rest are dropped by
@@ -20,7 +25,7 @@ Layout and costs:
   and stale items (left by withdrawals, replacements and shortened TTLs) are compacted away once
   they outnumber the live ones, keeping memory proportional to the live records.
 - Records are stored once, as parsed; identifiers that many records share (compat_id, scope_id,
-  holder URI, holder-id, residency) are interned so each distinct value is held once.
+  holder URI, holder-id, producer, residency) are interned so each distinct value is held once.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -45,18 +50,19 @@ _REMOVED: Final = math.nan
 
 
 class _Entry:
-    """One replica of one holder: the stored record, its expiry and the time of its heap item.
+    """One replica of one producer at one holder: the record, its expiry and the time of its heap item.
 
     Invariant: while the entry is live, ``scheduled <= expires`` and the heap holds exactly one item
     ``(scheduled, entry)``.  No entry orders before another, so heap items with equal times are
     simply unordered among themselves (without ``__lt__`` the tuple comparison would raise).
     """
 
-    __slots__ = ("expires", "holder_id", "record", "scheduled")
+    __slots__ = ("expires", "holder_id", "producer", "record", "scheduled")
 
-    def __init__(self, record: ReplicaRecord, holder_id: str, expires: float) -> None:
+    def __init__(self, record: ReplicaRecord, holder_id: str, producer: str, expires: float) -> None:
         self.record = record
         self.holder_id = holder_id
+        self.producer = producer
         self.expires = expires
         self.scheduled = expires
 
@@ -125,16 +131,19 @@ class ReplicaIndex:
 
     # -- publish, refresh, withdraw ---------------------------------------------------------------
     def put(self, record: ReplicaRecord, holder_id: str, now: float) -> Stored:
-        """Publish or refresh ``holder_id``'s replica of ``record.block_key`` (idempotent).
+        """Publish or refresh the producer's replica of ``record.block_key`` at ``holder_id`` (idempotent).
 
-        The caller has checked that ``holder_id`` names the record's holder.  The TTL is capped at
-        ``ttl_ms_max``; the stored record carries the capped TTL.  A refresh may change anything in
-        the record, its scope included: the resource is (holder, block key).
+        The caller has checked that ``holder_id`` names the record's holder and that the client may
+        publish for the record's producer.  Only that producer's entry is created or replaced; other
+        producers' records at the same holder stay.  The TTL is capped at ``ttl_ms_max``; the stored
+        record carries the capped TTL.  A refresh may change anything in the record, its scope
+        included: the resource is (holder, block key, producer).
         """
         record = self._compact_record(record)
+        producer = _producer(record, holder_id)
         expires = now + record.ttl_ms / 1000
         entries = self._by_key.get(record.block_key)
-        entry = _find(entries, holder_id) if entries is not None else None
+        entry = _find(entries, holder_id, producer) if entries is not None else None
         if entry is not None:
             revived = entry.expires <= now  # expired but not yet swept: this PUT creates it anew
             entry.record = record
@@ -150,7 +159,8 @@ class ReplicaIndex:
         if self.capacity is not None and self.stats.replicas >= self.capacity:
             raise ProblemError(Problem.generic(507, "Insufficient Storage",
                                                f"the index holds its maximum of {self.capacity} replicas"))
-        entry = _Entry(record, self._intern(holder_id), expires)
+        holder_id = self._intern(holder_id)
+        entry = _Entry(record, holder_id, holder_id if producer == holder_id else self._intern(producer), expires)
         if entries is None:
             self._by_key[record.block_key] = [entry]
         else:
@@ -160,23 +170,36 @@ class ReplicaIndex:
         self.stats.created += 1
         return Stored(record, created=True)
 
-    def get(self, holder_id: str, block_key: bytes, now: float) -> ReplicaRecord | None:
-        """The unexpired record of ``holder_id`` for ``block_key``, or None."""
-        entry = _find(self._by_key.get(block_key), holder_id)
+    def get(self, holder_id: str, block_key: bytes, now: float, producer: str | None = None) -> ReplicaRecord | None:
+        """The unexpired record of ``producer`` (default: the holder itself) at ``holder_id``, or None."""
+        entry = _find(self._by_key.get(block_key), holder_id, holder_id if producer is None else producer)
         return entry.record if entry is not None and entry.expires > now else None
 
-    def delete(self, holder_id: str, block_key: bytes, now: float) -> bool:
-        """Withdraw a replica; False when there was no unexpired record to withdraw."""
+    def records(self, holder_id: str, block_key: bytes, now: float) -> list[ReplicaRecord]:
+        """Every producer's unexpired record of ``block_key`` at ``holder_id``."""
+        return [e.record for e in self._by_key.get(block_key, ()) if e.holder_id == holder_id and e.expires > now]
+
+    def delete(self, holder_id: str, block_key: bytes, now: float, producer: str | None = None) -> bool:
+        """Withdraw one producer's replica (default: the holder's own); False when none was unexpired."""
+        return self.withdraw(holder_id, block_key, now, (holder_id if producer is None else producer).__eq__) > 0
+
+    def withdraw(self, holder_id: str, block_key: bytes, now: float, producers: Callable[[str], bool]) -> int:
+        """Withdraw the replicas at ``holder_id`` of each producer for which ``producers`` is true.
+
+        Returns how many of them were unexpired.  Entries of other producers are neither removed nor
+        reported, so the answer tells a client nothing about replicas it may not withdraw.
+        """
         entries = self._by_key.get(block_key)
-        entry = _find(entries, holder_id)
-        if entries is None or entry is None:
-            return False
-        live = entry.expires > now
-        self._remove(block_key, entries, entry)
-        if live:
-            self.stats.withdrawn += 1
-        else:
-            self.stats.expired += 1
+        if entries is None:
+            return 0
+        live = 0
+        for entry in [e for e in entries if e.holder_id == holder_id and producers(e.producer)]:
+            if entry.expires > now:
+                live += 1
+                self.stats.withdrawn += 1
+            else:
+                self.stats.expired += 1
+            self._remove(block_key, entries, entry)
         return live
 
     # -- lookup -----------------------------------------------------------------------------------
@@ -268,10 +291,16 @@ class ReplicaIndex:
             self.stats.expired += 1
 
 
-def _find(entries: list[_Entry] | None, holder_id: str) -> _Entry | None:
+def _producer(record: ReplicaRecord, holder_id: str) -> str:
+    """`ReplicaRecord.producer_id`, given the holder-id the caller has already checked (no hashing)."""
+    namespace = record.moqt_namespace
+    return namespace.holder_id if namespace is not None else holder_id
+
+
+def _find(entries: list[_Entry] | None, holder_id: str, producer: str) -> _Entry | None:
     if entries is None:
         return None
     for entry in entries:
-        if entry.holder_id == holder_id:
+        if entry.holder_id == holder_id and entry.producer == producer:
             return entry
     return None

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from urllib.parse import urljoin
+from urllib.parse import urlencode, urljoin
 
 from kvsp.client.http import KvspSession
-from kvsp.identifiers import role_id
+from kvsp.identifiers import check_role_id, role_id
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import LookupRequest, LookupResponse, ReplicaRecord
 
@@ -28,10 +28,18 @@ class IndexClient:
                                                   record, ok=(200, 201))
         return ReplicaRecord.from_json(body)
 
-    async def withdraw(self, holder: str, block_key: bytes) -> bool:
-        """DELETE the record; False when the IS did not have it."""
+    async def withdraw(self, holder: str, block_key: bytes, *, producer: str | None = None) -> bool:
+        """DELETE the caller's records of ``block_key`` at ``holder``; False when the IS had none.
+
+        ``producer`` (a holder-id, `ReplicaRecord.producer_id`) limits the withdrawal to that producer's
+        record, which matters at a relay's URI, where many producers' records share one path.  Without
+        it the IS removes the records of every producer the caller may publish for.
+        """
+        url = self._replica_url(holder, block_key)
+        if producer is not None:
+            url += "?" + urlencode({"producer": check_role_id(producer, "producer")})
         try:
-            await self.session.request_json("DELETE", self._replica_url(holder, block_key))
+            await self.session.request_json("DELETE", url)
         except ProblemError as exc:
             if exc.problem.kind is ProblemType.NOT_FOUND:
                 return False

@@ -23,7 +23,7 @@ from typing import Final, Self
 from kvsp._reader import ObjectReader
 from kvsp.encoding import format_digest
 from kvsp.errors import ValidationError
-from kvsp.identifiers import TrackNamespace
+from kvsp.identifiers import TrackNamespace, role_id
 from kvsp.records._common import (
     BLOCK_KEY_OCTETS,
     COMPAT_ID_OCTETS,
@@ -122,6 +122,17 @@ class ReplicaRecord(JsonRecord):
     ttl_ms: int
     layer_digests: tuple[bytes, ...] = ()
     moqt_namespace: TrackNamespace | None = None
+
+    @property
+    def producer_id(self) -> str:
+        """The holder-id of the replica's producer: the principal that answers for the record.
+
+        For a ``moqt`` record it is the namespace's holder-id field, not ``role_id(holder)``: the holder
+        URI names the endpoint or relay serving the track, which many producers share, and section 4.4
+        makes the namespace's publisher the holder for authorization.  Otherwise it is the holder's.
+        """
+        namespace = self.moqt_namespace
+        return namespace.holder_id if namespace is not None else role_id(self.holder)
 
     # -- residency queries ---------------------------------------------------------------------
     def layers_held(self) -> tuple[LayerRange, ...]:
