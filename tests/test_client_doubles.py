@@ -300,7 +300,7 @@ class FakeIndex:
     name: str = "is"
     replicas: dict[bytes, list[ReplicaRecord]] = field(default_factory=dict)
     withdraw_status: int = 204
-    withdrawals: list[tuple[str, bytes]] = field(default_factory=list)
+    withdrawals: list[tuple[str, bytes, str | None]] = field(default_factory=list)  # holder-id, key, producer
     lookups: list[LookupRequest] = field(default_factory=list)
     fail_lookup: bool = False
     _runner: web.AppRunner | None = None
@@ -342,7 +342,8 @@ class FakeIndex:
         return web.Response(body=LookupResponse(tuple(groups)).to_bytes(), content_type="application/kvsp+json")
 
     async def withdraw(self, request: web.Request) -> web.Response:
-        self.withdrawals.append((request.match_info["holder"], bytes.fromhex(request.match_info["key"])))
+        self.withdrawals.append((request.match_info["holder"], bytes.fromhex(request.match_info["key"]),
+                                 request.query.get("producer")))
         if self.withdraw_status == 403:
             return problem(ProblemType.SCOPE_DENIED, "not authorized for this holder")
         return web.Response(status=self.withdraw_status)

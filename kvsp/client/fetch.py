@@ -480,7 +480,7 @@ class BlockFetcher:
             return
         try:
             async with asyncio.timeout(self.options.withdraw_timeout_s):
-                await self.index.withdraw(record.holder, record.block_key)
+                await self.index.withdraw(record.holder, record.block_key, producer=record.producer_id)
             self.stats.withdrawals += 1
         except ProblemError as exc:
             if exc.problem.status == 403:
