@@ -22,11 +22,11 @@ import pytest
 from control.pc.core import SessionTable
 from control.policy import Policy, ScopeGrant
 from control.serve import serving
+from control.up.layout import INSTANCES as UP_INSTANCES
+from control.up.layout import UpOptions, prepare
 from kvsp.errors import ValidationError
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import SessionCheckpoint, Shard, ShardMap
-from control.up.layout import INSTANCES as UP_INSTANCES
-from control.up.layout import UpOptions, prepare
 from tests.conftest import APPENDIX_A_SCOPE_KEY, VECTORS
 from tests.support import DevPki, FakeClock, role_config, running
 from tests.test_pc_http import SCOPE as SCOPE_A

@@ -23,8 +23,8 @@ from aiohttp import web
 
 from control.policy import Policy
 from control.tls import server_context
-from kvsp.records.generation import GenerateRequest
 from control.up.layout import bytes_model_descriptor
+from kvsp.records.generation import GenerateRequest
 from tests.support import DevPki, free_port, role_config, running
 
 REFERENCE = [72, 101, 108, 108, 111, 0xE2, 0x82, 0xAC, 33, 10]  # "Hello€!\n" as bytes tokens
