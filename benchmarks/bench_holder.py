@@ -35,15 +35,15 @@ import numpy as np
 from aiohttp import web
 
 from benchmarks._timing import case, measure
-from control.config import RoleConfig, ServerConfig
 from control.http import BLOCK_MEDIA_TYPE
-from control.policy import Policy, ScopeGrant
 from control.serve import build_app
-from control.tls import TlsFiles, client_context, server_context
 from kvsp.container import decode_container, encode_container
 from kvsp.descriptor import CompatDescriptor
 from kvsp.pki import RoleSpec, make_dev_pki
 from kvsp.registry import Codec
+from kvsp.service.config import RoleConfig, ServerConfig
+from kvsp.service.policy import Policy, ScopeGrant
+from kvsp.service.tls import TlsFiles, client_context, server_context
 
 MiB = 1 << 20
 SCOPE = bytes(range(16))

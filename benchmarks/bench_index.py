@@ -41,11 +41,11 @@ from aiohttp import web
 
 from benchmarks._timing import case, paired
 from control.index.store import ReplicaIndex
-from control.tls import TlsFiles, client_context, server_context
 from kvsp.identifiers import role_id
 from kvsp.pki import RoleSpec, make_dev_pki
 from kvsp.records import LookupRequest, ReplicaRecord, Residency, digest_of_layers
 from kvsp.registry import Tier
+from kvsp.service.tls import TlsFiles, client_context, server_context
 
 SCOPE = bytes.fromhex("6d1c6481cd428737da312c089db3832a")
 COMPAT = bytes.fromhex("5ed5c2f238839655d7c4029e12b7f31caf9e7421f4edb4057feee6dab760ee0f")

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from control.up.cli import add_parsers as add_up_parsers
 from kvsp.container import decode_container, replica_digest
 from kvsp.descriptor import CompatDescriptor
 from kvsp.encoding import canonical_json, format_digest
@@ -22,7 +23,6 @@ from kvsp.errors import KvspError, ValidationError
 from kvsp.hf.cli import add_model_parser
 from kvsp.keys import ScopeKey, block_keys
 from kvsp.pki import RoleSpec, make_dev_pki
-from control.up.cli import add_parsers as add_up_parsers
 
 EXIT_INVALID = 2
 MAX_TEXT_INPUT = 64 * 1024 * 1024  # descriptors and token lists are small; refuse runaway input
@@ -117,8 +117,8 @@ def cmd_certs(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     import asyncio  # noqa: PLC0415 - the network roles load only for this command
 
-    from control.config import RoleConfig  # noqa: PLC0415
     from control.serve import serve  # noqa: PLC0415
+    from kvsp.service.config import RoleConfig  # noqa: PLC0415
 
     config = RoleConfig.load(Path(args.config))
     roles = tuple(r for r in args.roles.split(",") if r)

@@ -105,12 +105,12 @@ def _free_port() -> int:
 
 async def _storage_round_trip(workdir: Path, uris: dict[str, str], d: CompatDescriptor, scope: ScopeKey, *,
                               keys: list[bytes], blocks: list[bytes]) -> None:
-    from control.config import RoleConfig  # noqa: PLC0415 - the network roles load only for this step
     from control.serve import serving  # noqa: PLC0415
-    from control.tls import TlsFiles, client_context  # noqa: PLC0415
     from kvsp.client.fetch import BlockFetcher  # noqa: PLC0415
     from kvsp.client.holder import HolderClient  # noqa: PLC0415
     from kvsp.client.http import KvspSession  # noqa: PLC0415
+    from kvsp.service.config import RoleConfig  # noqa: PLC0415 - the network roles load only for this step
+    from kvsp.service.tls import TlsFiles, client_context  # noqa: PLC0415
 
     (workdir / "descriptor.json").write_bytes(d.canonical())
     engine, holder = json.dumps(uris["engine"]), json.dumps(uris["holder"])

@@ -18,10 +18,10 @@ from typing import Protocol, TypeVar
 
 from aiohttp import HttpVersion11, hdrs, web
 
-from control.tls import identities_of
 from kvsp.encoding import canonical_json, parse_json
 from kvsp.errors import KvspError
 from kvsp.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemError, ProblemType
+from kvsp.service.tls import identities_of
 
 log = logging.getLogger("kvsp.http")
 

@@ -7,7 +7,6 @@ its state under typed `web.AppKey`s and its background tasks through ``app.clean
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import signal
 import time
@@ -17,33 +16,61 @@ from typing import Protocol
 
 from aiohttp import web
 
-from control.config import KNOWN_ROLES, RoleConfig
 from control.http import json_response, make_app
-from control.metrics import metrics_handler, metrics_of
-from control.tls import server_context
 from kvsp.errors import ValidationError
+from kvsp.service.app import CLOCK, CONFIG, HEALTH, STARTED, Clock
+from kvsp.service.config import KNOWN_ROLES, RoleConfig
+from kvsp.service.metrics import metrics_handler, metrics_of
+from kvsp.service.tls import server_context
 
 log = logging.getLogger("kvsp.serve")
-
-ROLE_MODULES = {
-    "is": "control.index.app",
-    "holder": "control.holder.app",
-    "pc": "control.pc.app",
-    "instance": "control.instance.app",
-    "relay": "relay.app",
-    "frontend": "control.frontend.app",
-}
-Clock = Callable[[], float]
-CLOCK: web.AppKey[Clock] = web.AppKey("kvsp.clock", Callable[[], float])  # type: ignore[arg-type]
-CONFIG: web.AppKey[RoleConfig] = web.AppKey("kvsp.config", RoleConfig)
-HealthFacts = Callable[[web.Application], dict[str, object]]
-# Per-role facts for GET {base}health; a role adds a callable under its name in its `setup`.
-HEALTH: web.AppKey[dict[str, HealthFacts]] = web.AppKey("kvsp.health", dict)
-STARTED: web.AppKey[float] = web.AppKey("kvsp.started", float)
 
 
 class RoleModule(Protocol):
     def setup(self, app: web.Application, config: RoleConfig) -> None: ...
+
+
+# Each role's module is imported only when a process serves that role (an IS never loads torch), but
+# by a plain import statement, so that the layer contract (D9) sees every dependency.
+def _index() -> RoleModule:
+    from control.index import app  # noqa: PLC0415
+
+    return app
+
+
+def _holder() -> RoleModule:
+    from control.holder import app  # noqa: PLC0415
+
+    return app
+
+
+def _pc() -> RoleModule:
+    from control.pc import app  # noqa: PLC0415
+
+    return app
+
+
+def _instance() -> RoleModule:
+    from control.instance import app  # noqa: PLC0415
+
+    return app
+
+
+def _relay() -> RoleModule:
+    from relay import app  # noqa: PLC0415
+
+    return app
+
+
+def _frontend() -> RoleModule:
+    from control.frontend import app  # noqa: PLC0415
+
+    return app
+
+
+ROLE_MODULES: dict[str, Callable[[], RoleModule]] = {
+    "is": _index, "holder": _holder, "pc": _pc, "instance": _instance, "relay": _relay, "frontend": _frontend,
+}
 
 
 def build_app(config: RoleConfig, *, clock: Clock = time.monotonic, allow_insecure: bool = False,
@@ -60,13 +87,7 @@ def build_app(config: RoleConfig, *, clock: Clock = time.monotonic, allow_insecu
     for role in roles or config.roles:
         if role not in ROLE_MODULES:
             raise ValidationError("roles", f"unknown role {role!r}; known: {list(KNOWN_ROLES)}")
-        try:
-            module: RoleModule = importlib.import_module(ROLE_MODULES[role])
-        except ModuleNotFoundError as exc:
-            if exc.name != ROLE_MODULES[role]:
-                raise
-            raise ValidationError("roles", f"role {role!r} is not available in this version of kvsp") from exc
-        module.setup(app, config)
+        ROLE_MODULES[role]().setup(app, config)
     return app
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from control.policy import Policy, ScopeGrant
 from interop.content import BlockSpec
 from interop.endpoints import INTEROP_SETTINGS
 from interop.harness import PEERS, Aiomoqt, Credentials, PeerProcess
 from kvsp.moqt_binding import kvsp_token_rule
+from kvsp.service.policy import Policy, ScopeGrant
 from moqt.quic import EndpointConfig
 from relay.auth import relay_authorizer
 from relay.server import Relay

@@ -16,13 +16,13 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from control.config import RoleConfig
-from control.holder.moqt import load_token_key
-from control.metrics import metrics_of
-from control.serve import HEALTH
 from kvsp.errors import ValidationError
 from kvsp.moqt_binding import kvsp_token_rule
-from moqt.api import TokenRule
+from kvsp.service.app import HEALTH
+from kvsp.service.config import RoleConfig
+from kvsp.service.metrics import metrics_of
+from kvsp.service.tokens import load_token_key
+from moqt.api import TokenRule, UpstreamLink
 from moqt.auth import TokenClaims
 from moqt.quic import EndpointConfig
 from moqt.wire import Namespace
@@ -30,7 +30,6 @@ from relay.auth import relay_authorizer
 from relay.core import RelayStats, is_prefix
 from relay.server import Relay
 from relay.settings import RelaySettings
-from relay.upstream import UpstreamLink
 
 log = logging.getLogger("kvsp.relay.app")
 

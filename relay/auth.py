@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from control.policy import Policy
 from kvsp.encoding import parse_hex
 from kvsp.identifiers import role_id
-from moqt.api import Action, Authorizer
+from kvsp.service.policy import Policy
+from moqt.tracks import Action, Authorizer
 from moqt.wire import Namespace
 from relay.core import is_prefix
 

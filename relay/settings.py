@@ -25,11 +25,11 @@ from typing import Final
 
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
 
-from control.config import RoleConfig
 from kvsp._reader import ObjectReader
 from kvsp.errors import ValidationError
 from kvsp.identifiers import check_base_uri
 from kvsp.numbers import parse_decimal
+from kvsp.service.config import RoleConfig
 from moqt.quic import MAX_DATAGRAM_SIZE, MoqtUri, QuicSettings
 from moqt.wire import Namespace
 

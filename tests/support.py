@@ -12,10 +12,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from control.config import RoleConfig, ServerConfig
-from control.policy import Policy
+from kvsp.service.config import RoleConfig, ServerConfig
+from kvsp.service.policy import Policy
 from control.serve import serving
-from control.tls import TlsFiles, client_context
+from kvsp.service.tls import TlsFiles, client_context
 from kvsp.client.http import KvspSession
 from kvsp.pki import RoleSpec, make_dev_pki
 

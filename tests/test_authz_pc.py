@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from control.pc.core import SessionTable
-from control.policy import Policy, ScopeGrant
+from kvsp.service.policy import Policy, ScopeGrant
 from control.serve import serving
 from control.up.layout import INSTANCES as UP_INSTANCES
 from control.up.layout import UpOptions, prepare

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from control.index.app import INDEX, STATUS_BOARD
 from control.index.status import StatusBoard
 from control.index.store import ReplicaIndex
-from control.policy import Policy, ScopeGrant
+from kvsp.service.policy import Policy, ScopeGrant
 from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient
 from kvsp.identifiers import TrackNamespace, role_id

@@ -19,8 +19,8 @@ from control.holder.app import HOLDER
 from control.holder.metrics import HolderMetrics
 from control.holder.publisher import Publisher
 from control.holder.store import BlockId
-from control.metrics import Metrics
-from control.policy import Policy, ScopeGrant
+from kvsp.service.metrics import Metrics
+from kvsp.service.policy import Policy, ScopeGrant
 from kvsp.client.holder import HolderClient
 from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from control import serve
-from control.config import RoleConfig
-from kvsp.errors import ValidationError
+from kvsp.service.config import KNOWN_ROLES
 from tests.conftest import (
     APPENDIX_A_COMPAT_ID,
     APPENDIX_A_K0,
@@ -158,8 +157,7 @@ def test_serve_relay_without_its_table_is_one_line(tmp_path: Path) -> None:
     assert_one_line_error(kvsp("serve", "relay", "--config", str(config)), "relay.listen")
 
 
-def test_a_role_whose_module_is_absent_is_a_validation_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(serve.ROLE_MODULES, "relay", "relay.not_built_here")
-    config = RoleConfig.from_mapping({"roles": ["relay"], "server": {"base_uri": "https://127.0.0.1:1/"}}, Path("."))
-    with pytest.raises(ValidationError, match="not available in this version"):
-        serve.build_app(config, allow_insecure=True)
+def test_every_known_role_has_a_module_with_a_setup() -> None:
+    assert set(serve.ROLE_MODULES) == set(KNOWN_ROLES)
+    for role, load in serve.ROLE_MODULES.items():
+        assert callable(load().setup), role

@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from control.tls import identities_of, server_context
+from kvsp.service.tls import identities_of, server_context
 from kvsp.client.verify import format_repr_digest
 from kvsp.container import (
     MEDIA_TYPE,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from control.policy import Policy, ScopeGrant
+from kvsp.service.policy import Policy, ScopeGrant
 from kvsp.client.fetch import BlockFetcher, FetchOptions, Outcome
 from kvsp.client.holder import BlockMiss, HolderClient, StoreOutcome
 from kvsp.client.http import KvspSession

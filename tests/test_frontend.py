@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from control.config import RoleConfig
+from kvsp.service.config import RoleConfig
 from control.frontend.openai import ApiError, Limits, chunk, parse_completion, sse
 from control.frontend.settings import FrontendSettings
 from control.frontend.tokenizer import ByteTokenizer, TextStream

@@ -21,8 +21,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from control.policy import Policy
-from control.tls import server_context
+from kvsp.service.policy import Policy
+from kvsp.service.tls import server_context
 from control.up.layout import bytes_model_descriptor
 from kvsp.records.generation import GenerateRequest
 from tests.support import DevPki, free_port, role_config, running

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from control.holder.app import HOLDER
-from control.policy import Policy, ScopeGrant
+from kvsp.service.policy import Policy, ScopeGrant
 from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient
 from kvsp.container import decode_container

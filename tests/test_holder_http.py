@@ -14,11 +14,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from control.config import RoleConfig
+from kvsp.service.config import RoleConfig
 from control.holder.app import HOLDER, format_repr_digest, parse_repr_digest
 from control.holder.moqt import BlockTrack
 from control.holder.service import Holder
-from control.policy import Quotas
+from kvsp.service.policy import Quotas
 from kvsp.container import LayerRange, decode_container
 from kvsp.errors import ValidationError
 from kvsp.problems import PROBLEM_TYPE_BASE

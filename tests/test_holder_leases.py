@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from control.holder.leases import LeaseQuotaError, LeaseTable, new_lease_id
-from control.policy import Quotas
+from kvsp.service.policy import Quotas
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import LeaseRenewal, LeaseRequest
 from kvsp.records.lease import check_lease_id

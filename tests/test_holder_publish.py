@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from control.config import RoleConfig
+from kvsp.service.config import RoleConfig
 from control.holder.app import HOLDER
 from control.holder.publisher import RefreshSchedule
 from control.holder.service import Holder

@@ -41,7 +41,7 @@ from control.holder.service import Holder, stored_accepts
 from control.holder.store import BlockId, BlockMeta, BlockStore, Evict, Segment, Withdraw
 from control.holder.tiers import HostTier, StorageCorruptError
 from control.holder.tierset import TierSet
-from control.policy import Policy, ScopeGrant
+from kvsp.service.policy import Policy, ScopeGrant
 from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient
 from kvsp.container import ContainerHeader, LayerRange, decode_container

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from control.config import RoleConfig, ServerConfig
+from kvsp.service.config import RoleConfig, ServerConfig
 from control.holder.settings import DEFAULT_KEY_FILE, HolderSettings
-from control.policy import Policy
+from kvsp.service.policy import Policy
 from kvsp.errors import ValidationError
 from tests.test_holder_support import descriptor, write_descriptor
 

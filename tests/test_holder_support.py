@@ -16,8 +16,8 @@ from pathlib import Path
 from aiohttp import web
 
 from control.holder.store import BlockId, BlockMeta
-from control.policy import Policy, Quotas, ScopeGrant
-from control.tls import identities_of, server_context
+from kvsp.service.policy import Policy, Quotas, ScopeGrant
+from kvsp.service.tls import identities_of, server_context
 from kvsp.container import Geometry, decode_container, encode_container, replica_digest
 from kvsp.descriptor import CompatDescriptor
 from kvsp.records import ReplicaRecord

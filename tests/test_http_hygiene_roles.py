@@ -26,9 +26,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from yarl import URL
 
-from control.config import RoleConfig
+from kvsp.service.config import RoleConfig
 from control.http import INSECURE_IDENTITY_HEADER, make_app
-from control.tls import TlsFiles, client_context
+from kvsp.service.tls import TlsFiles, client_context
 from kvsp.pki import CA_CERT, CA_KEY
 from kvsp.problems import PROBLEM_MEDIA_TYPE
 from tests.support import DevPki, FakeClock, free_port, role_config, running

@@ -22,7 +22,7 @@ from control.index.app import INDEX, STATUS_BOARD
 from control.index.settings import IndexSettings
 from control.index.status import StatusBoard
 from control.index.store import ReplicaIndex
-from control.policy import Policy, Quotas, ScopeGrant
+from kvsp.service.policy import Policy, Quotas, ScopeGrant
 from control.serve import build_app
 from kvsp import placement
 from kvsp.client.http import KvspSession, TransportError

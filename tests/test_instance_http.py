@@ -14,7 +14,7 @@ import pytest
 
 from control.holder.store import BlockId
 from control.instance.records import EndLine
-from control.policy import Quotas
+from kvsp.service.policy import Quotas
 from kvsp.client.index import IndexClient
 from kvsp.engine import greedy_sampler, top_p_sampler
 from kvsp.registry import InstanceState

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from control.config import RoleConfig
+from kvsp.service.config import RoleConfig
 from control.holder.app import HOLDER
 from control.instance.engines import engine_factory
 from control.instance.settings import InstanceSettings, Layerwise

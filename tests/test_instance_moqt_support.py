@@ -24,7 +24,7 @@ from aiohttp import web
 from control.holder.app import HOLDER
 from control.instance.app import INSTANCE
 from control.instance.role import InstanceRole
-from control.tls import server_context
+from kvsp.service.tls import server_context
 from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient
 from kvsp.client.verify import REPR_DIGEST_FIELD, format_repr_digest

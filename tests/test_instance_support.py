@@ -23,8 +23,8 @@ from control.holder.service import Holder
 from control.instance.app import INSTANCE
 from control.instance.records import EndLine, TokenLine, parse_token_line
 from control.instance.role import InstanceRole
-from control.policy import Policy, Quotas, ScopeGrant
-from control.tls import server_context
+from kvsp.service.policy import Policy, Quotas, ScopeGrant
+from kvsp.service.tls import server_context
 from kvsp.client.holder import HolderClient
 from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient

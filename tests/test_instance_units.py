@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from control.config import RoleConfig
+from kvsp.service.config import RoleConfig
 from control.holder.store import BlockId
 from control.instance.blocks import MemoryBlocks
 from control.instance.core import OutputToken

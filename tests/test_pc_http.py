@@ -23,7 +23,7 @@ from aiohttp import web
 from control.http import identity, json_response, make_app
 from control.pc.app import PC
 from control.pc.service import PlacementController
-from control.policy import Policy, ScopeGrant
+from kvsp.service.policy import Policy, ScopeGrant
 from control.serve import serving
 from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from control.config import RoleConfig
+from kvsp.service.config import RoleConfig
 from control.index.app import STATUS_BOARD
 from control.pc.app import PC
 from control.pc.settings import PcSettings

@@ -15,7 +15,7 @@ import control.instance.core
 import control.instance.records
 import control.pc.messages
 import kvsp.records
-from control.config import RoleConfig
+from kvsp.service.config import RoleConfig
 from control.instance.core import InstanceLifecycle, PrefetchTracker, ReportStatus
 from control.instance.engines import PacedEngine, Pacing, calibrate, engine_factory
 from control.instance.settings import InstanceSettings, Limits

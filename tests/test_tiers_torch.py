@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from control.config import RoleConfig
+from kvsp.service.config import RoleConfig
 from control.holder.app import HOLDER
 from control.holder.disk import DiskTier
 from control.holder.settings import HolderSettings

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-from control.config import RoleConfig
+from kvsp.service.config import RoleConfig
 from control.frontend.settings import FrontendSettings
 from control.holder.settings import HolderSettings
 from control.index.settings import IndexSettings

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from control.config import RoleConfig
 from control.frontend.follower import FollowError, SessionFollower
 from control.frontend.metrics import FrontendMetrics
 from control.frontend.openai import (
@@ -41,13 +40,14 @@ from control.frontend.openai import (
 from control.frontend.settings import FrontendSettings
 from control.frontend.tokenizer import TextStream, Tokenizer, load_tokenizer
 from control.http import close_if_uninvited, defer_continue, read_limited, status_fields
-from control.metrics import metrics_of
-from control.serve import HEALTH
-from control.tls import client_context
 from kvsp.client.http import ClientOptions, KvspSession
 from kvsp.problems import ProblemError
 from kvsp.records import Sampler
 from kvsp.records.generation import GenerateRequest, TokenEvent
+from kvsp.service.app import HEALTH
+from kvsp.service.config import RoleConfig
+from kvsp.service.metrics import metrics_of
+from kvsp.service.tls import client_context
 
 log = logging.getLogger("kvsp.frontend")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

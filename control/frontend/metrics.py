@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge
 
-from control.metrics import Metrics
+from kvsp.service.metrics import Metrics
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,13 +31,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
-from control.config import RoleConfig
 from kvsp._reader import ObjectReader
 from kvsp.descriptor import CompatDescriptor
 from kvsp.encoding import parse_hex
 from kvsp.errors import KvspError, ValidationError
 from kvsp.numbers import parse_decimal
 from kvsp.records._common import MAX_SAFE_INT, check_uri
+from kvsp.service.config import RoleConfig
 
 KNOWN_KEYS: Final = frozenset({
     "pc", "listen", "public_tls", "model", "descriptor", "tokenizer", "tenants", "api_keys", "anonymous_tenant",

@@ -29,7 +29,6 @@ from typing import Final
 
 from aiohttp import hdrs, web
 
-from control.config import RoleConfig
 from control.holder import moqt
 from control.holder.disk import DiskTier, load_or_create_key
 from control.holder.metrics import HolderMetrics
@@ -47,9 +46,6 @@ from control.http import (
     read_json,
     read_limited,
 )
-from control.metrics import metrics_of
-from control.serve import CLOCK, CONFIG
-from control.tls import client_context
 from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient
 from kvsp.container import Geometry, LayerRange, decode_container, replica_digest
@@ -60,6 +56,10 @@ from kvsp.numbers import parse_decimal
 from kvsp.problems import Problem, ProblemError, ProblemType
 from kvsp.records import LeaseRenewal, LeaseRequest
 from kvsp.records.lease import check_lease_id
+from kvsp.service.app import CLOCK, CONFIG
+from kvsp.service.config import RoleConfig
+from kvsp.service.metrics import metrics_of
+from kvsp.service.tls import client_context
 
 log = logging.getLogger("kvsp.holder.http")
 

@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Final
 
-from control.policy import Quotas
 from kvsp.problems import Problem, ProblemError, ProblemType
 from kvsp.records import Lease, LeaseRenewal, LeaseRequest
+from kvsp.service.policy import Quotas
 
 QUOTA_TTL: Final = "ttl"
 QUOTA_OCTETS: Final = "octets"

@@ -26,13 +26,9 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 from aiohttp import web
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 
-from control.config import RoleConfig
 from control.holder.service import Holder
 from control.holder.settings import MoqtSettings
 from control.holder.store import BlockId, Entry
@@ -41,6 +37,8 @@ from kvsp.container import LayerRange
 from kvsp.identifiers import TrackNamespace, role_id
 from kvsp.moqt_binding import BLOCK_GROUP, kvsp_authorizer, kvsp_token_rule, layer_object, layer_range_of, track_name
 from kvsp.records import ReplicaRecord
+from kvsp.service.config import RoleConfig
+from kvsp.service.tokens import load_token_key
 from moqt.api import MoqtObject, Publisher, PublisherSettings, StoredTrack
 from moqt.errors import MoqtError
 from moqt.quic import EndpointConfig, MoqtUri, QuicSettings
@@ -170,7 +168,7 @@ class HolderMoqt:
         tls = self.config.tls
         if tls is None:
             raise ValueError("the holder's MOQT listener needs [tls] (mutual authentication, D3)")
-        keys = tuple(_public_key(path) for path in self.settings.token_keys)
+        keys = tuple(load_token_key(path) for path in self.settings.token_keys)
         quic = QuicSettings(max_datagram_size=self.settings.max_datagram_size)
         return EndpointConfig.from_files(tls.cert, tls.key, tls.ca, quic, token_keys=keys)
 
@@ -193,18 +191,6 @@ class HolderMoqt:
             if self.relay_link is not None:
                 await self.relay_link.close()
             await self.publisher.close()
-
-
-def load_token_key(path: Path) -> ec.EllipticCurvePublicKey:
-    """An EC P-256 public key (PEM) that signs AUTHORIZATION_TOKENs."""
-    return _public_key(path)
-
-
-def _public_key(path: Path) -> ec.EllipticCurvePublicKey:
-    key = serialization.load_pem_public_key(path.read_bytes())
-    if not isinstance(key, ec.EllipticCurvePublicKey):
-        raise ValueError(f"{path}: token keys are EC P-256 public keys (ES256)")
-    return key
 
 
 HOLDER_MOQT: web.AppKey[HolderMoqt] = web.AppKey("kvsp.holder.moqt", HolderMoqt)

@@ -52,13 +52,13 @@ from control.holder.store import (
 )
 from control.holder.tiers import MemoryTier, StorageCorruptError, StorageMissingError, TierError
 from control.holder.tierset import TierSet
-from control.policy import Quotas
 from kvsp.container import ContainerHeader, Geometry, LayerRange, parse_header
 from kvsp.descriptor import CompatDescriptor
 from kvsp.errors import ContainerError, KvspError
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import LeaseRenewal, LeaseRequest, ReplicaRecord, Residency
 from kvsp.registry import Tier
+from kvsp.service.policy import Quotas
 
 log = logging.getLogger("kvsp.holder")
 

@@ -34,21 +34,21 @@ from prometheus_client import Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from control.config import RoleConfig
 from control.http import JSON_MEDIA_TYPE, identity, json_response, read_json
 from control.index.encode import lookup_json
 from control.index.settings import IndexSettings
 from control.index.status import StatusBoard
 from control.index.store import ReplicaIndex
-from control.metrics import metrics_of
-from control.policy import Policy
-from control.serve import CLOCK, Clock
 from kvsp import placement
 from kvsp.encoding import parse_hex
 from kvsp.errors import ValidationError
 from kvsp.identifiers import check_role_id, role_id
 from kvsp.problems import Problem, ProblemError, ProblemType
 from kvsp.records import InstanceStatus, LookupRequest, ReplicaRecord, TargetEstimate
+from kvsp.service.app import CLOCK, Clock
+from kvsp.service.config import RoleConfig
+from kvsp.service.metrics import metrics_of
+from kvsp.service.policy import Policy
 
 INDEX: web.AppKey[ReplicaIndex] = web.AppKey("kvsp.is.index", ReplicaIndex)
 STATUS_BOARD: web.AppKey[StatusBoard] = web.AppKey("kvsp.status_board", StatusBoard)

@@ -26,7 +26,6 @@ from typing import Final
 
 from aiohttp import hdrs, web
 
-from control.config import RoleConfig
 from control.holder.app import format_repr_digest
 from control.http import BLOCK_MEDIA_TYPE, defer_continue, identity, json_response, read_json, read_limited
 from control.instance.metrics import InstanceMetrics
@@ -34,8 +33,6 @@ from control.instance.output import TokenLog
 from control.instance.role import InstanceRole
 from control.instance.sessions import spec_for_resume, spec_for_start
 from control.instance.settings import InstanceSettings
-from control.metrics import metrics_of
-from control.serve import CLOCK, CONFIG
 from kvsp._reader import ObjectReader
 from kvsp.errors import ValidationError
 from kvsp.numbers import parse_decimal, parse_decimal_range
@@ -44,6 +41,9 @@ from kvsp.records import PrefetchDirective, StateChange, parse_reshard_message
 from kvsp.records._common import MAX_SAFE_INT, read_uuid
 from kvsp.records.generation import ResumeRequest, StartSession, TokenEvent
 from kvsp.records.shard import MAX_MAP_ID
+from kvsp.service.app import CLOCK, CONFIG
+from kvsp.service.config import RoleConfig
+from kvsp.service.metrics import metrics_of
 
 INSTANCE: web.AppKey[InstanceRole] = web.AppKey("kvsp.instance", InstanceRole)
 NDJSON: Final = "application/x-ndjson"

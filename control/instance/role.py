@@ -15,7 +15,6 @@ import logging
 
 from aiohttp import web
 
-from control.config import RoleConfig
 from control.holder.app import HOLDER
 from control.holder.moqt import HOLDER_MOQT
 from control.holder.tiers import MemoryTier
@@ -37,8 +36,6 @@ from control.instance.resharding import ShardHost
 from control.instance.service import Instance
 from control.instance.sessions import LiveSource, SessionDeps
 from control.instance.settings import HF_PREFIX, InstanceSettings
-from control.serve import Clock
-from control.tls import client_context
 from kvsp.client.fetch import BlockFetcher, ClientStats, FetchOptions
 from kvsp.client.holder import HolderClient
 from kvsp.client.http import KvspSession
@@ -46,6 +43,9 @@ from kvsp.client.index import IndexClient
 from kvsp.client.moqt import MoqtBlockClient, MoqtClientOptions
 from kvsp.container import Geometry
 from kvsp.errors import ValidationError
+from kvsp.service.app import Clock
+from kvsp.service.config import RoleConfig
+from kvsp.service.tls import client_context
 
 log = logging.getLogger("kvsp.instance")
 

@@ -53,8 +53,6 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Final
 
-from control.config import RoleConfig
-from control.policy import ANY
 from kvsp._reader import ObjectReader
 from kvsp.descriptor import CompatDescriptor
 from kvsp.encoding import parse_hex
@@ -62,6 +60,8 @@ from kvsp.errors import ValidationError
 from kvsp.keys import ScopeKey
 from kvsp.records import Link
 from kvsp.records._common import MAX_SAFE_INT, check_uri
+from kvsp.service.config import RoleConfig
+from kvsp.service.policy import ANY
 from moqt.quic import MoqtUri
 
 TEST_ENGINE: Final = "test"

@@ -27,16 +27,12 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from control.config import RoleConfig
 from control.http import identity, json_response, not_found, read_json
 from control.index.app import status_board_of
-from control.metrics import metrics_of
 from control.pc.client import InstanceClient
 from control.pc.metrics import PcCollector, PcMetrics
 from control.pc.service import PlacementController
 from control.pc.settings import PcSettings
-from control.serve import CLOCK, CONFIG
-from control.tls import client_context
 from kvsp.client.http import ClientOptions, KvspSession
 from kvsp.client.index import IndexClient
 from kvsp.errors import ValidationError
@@ -47,6 +43,10 @@ from kvsp.records import InstanceStatus, SessionCheckpoint, ShardMap
 from kvsp.records._common import MAX_SAFE_INT
 from kvsp.records.generation import GenerateRequest
 from kvsp.records.shard import MAX_MAP_ID
+from kvsp.service.app import CLOCK, CONFIG
+from kvsp.service.config import RoleConfig
+from kvsp.service.metrics import metrics_of
+from kvsp.service.tls import client_context
 
 log = logging.getLogger("kvsp.pc")
 

@@ -9,9 +9,9 @@ from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from control.metrics import Metrics
 from control.pc.core import InstanceRegistry, SessionTable
 from kvsp.registry import InstanceState
+from kvsp.service.metrics import Metrics
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,7 +54,6 @@ from control.pc.core import (
 from control.pc.metrics import PcMetrics
 from control.pc.settings import PcSettings
 from control.pc.tasks import Background, backoff_s
-from control.policy import Policy
 from kvsp.client.index import IndexClient
 from kvsp.descriptor import CompatDescriptor
 from kvsp.errors import KvspError
@@ -73,6 +72,7 @@ from kvsp.records import (
 from kvsp.records._common import MAX_URIS
 from kvsp.records.generation import GenerateRequest, ResumeRequest, SessionInfo, SessionState, StartSession
 from kvsp.registry import InstanceState
+from kvsp.service.policy import Policy
 
 log = logging.getLogger("kvsp.pc")
 

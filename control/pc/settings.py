@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-from control.config import RoleConfig
 from kvsp._reader import ObjectReader
 from kvsp.descriptor import CompatDescriptor
 from kvsp.encoding import parse_hex
@@ -36,6 +35,7 @@ from kvsp.errors import KvspError, ValidationError
 from kvsp.keys import ScopeKey
 from kvsp.records._common import MAX_SAFE_INT, check_uri
 from kvsp.records.session import MAX_PARAM_STRING
+from kvsp.service.config import RoleConfig
 
 DEFAULT_CHECK_INTERVAL_MS: Final = 250
 DEFAULT_CALL_TIMEOUT_MS: Final = 5_000

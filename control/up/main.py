@@ -24,14 +24,14 @@ from typing import Any
 import aiohttp
 
 from control.frontend.tokenizer import load_tokenizer
-from control.tls import TlsFiles, client_context
-from kvsp.errors import KvspError
 from control.up import report
 from control.up.layout import INSTANCES, SCRAPER, Deployment, UpOptions, prepare
 from control.up.runner import Killer, Progress, Runner, RunResult
 from control.up.scrape import Samples, Scraper, labelled, parse_exposition
 from control.up.supervisor import StartError, Supervisor, child_env
 from control.up.workload import WorkloadSpec, build
+from kvsp.errors import KvspError
+from kvsp.service.tls import TlsFiles, client_context
 
 READY_TIMEOUT_S = 60.0
 RESTART_WAIT_S = 20.0

@@ -32,7 +32,7 @@ from control.instance.core.events import CancelLoads, LoadBlock, PrefetchAction
 from kvsp.problems import Problem, ProblemError, ProblemType
 from kvsp.records import PrefetchDirective, PrefetchState, PrefetchStatus
 
-DEFAULT_MAX_PENDING: Final = 64  # control.policy.Quotas.pending_directives_per_instance
+DEFAULT_MAX_PENDING: Final = 64  # kvsp.service.policy.Quotas.pending_directives_per_instance
 DEFAULT_MAX_FINISHED: Final = 1024
 
 

@@ -25,11 +25,11 @@ from pathlib import Path
 from types import MappingProxyType
 from urllib.parse import urlsplit
 
-from control.policy import Policy
-from control.tls import TlsFiles
 from kvsp.errors import ValidationError
 from kvsp.identifiers import check_base_uri
 from kvsp.numbers import parse_decimal
+from kvsp.service.policy import Policy
+from kvsp.service.tls import TlsFiles
 
 KNOWN_ROLES = ("is", "holder", "pc", "instance", "relay", "frontend")
 
