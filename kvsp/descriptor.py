@@ -8,10 +8,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Final
 
-from kvsp._reader import ObjectReader
 from kvsp.container import Geometry
 from kvsp.encoding import canonical_json, format_digest, parse_json
 from kvsp.errors import ValidationError
+from kvsp.reader import ObjectReader
 from kvsp.registry import ELEMENT_TYPES, LAYOUTS, POSITIONAL_ENCODINGS, ElementType
 
 COMPAT_LABEL: Final = b"KVSP-COMPAT-1\x00"

@@ -6,9 +6,9 @@ import enum
 from dataclasses import dataclass
 from typing import Final
 
-from kvsp._reader import ObjectReader
 from kvsp.encoding import canonical_json, parse_json
 from kvsp.errors import KvspError
+from kvsp.reader import ObjectReader
 
 PROBLEM_TYPE_BASE: Final = "https://iana.org/assignments/kvsp#"
 PROBLEM_MEDIA_TYPE: Final = "application/problem+json"

@@ -25,10 +25,10 @@ from typing import Final
 
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
 
-from kvsp._reader import ObjectReader
 from kvsp.errors import ValidationError
 from kvsp.identifiers import check_base_uri
 from kvsp.numbers import parse_decimal
+from kvsp.reader import ObjectReader
 from kvsp.service.config import RoleConfig
 from moqt.quic import MAX_DATAGRAM_SIZE, MoqtUri, QuicSettings
 from moqt.wire import Namespace

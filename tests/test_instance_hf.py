@@ -123,7 +123,8 @@ def write_configs(pki: DevPki, tmp: Path, model: Path, ports: dict[str, int]) ->
 
 
 def serve(tmp: Path, name: str, roles: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "control.cli", "serve", roles, "--config", str(tmp / f"{name}.toml")],
+    config = str(tmp / f"{name}.toml")
+    return subprocess.Popen([sys.executable, "-m", "control.cli", "serve", roles, "--config", config],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp, env=child_env())
 
 

@@ -14,10 +14,10 @@ import rfc8785
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvsp._reader import ObjectReader
 from kvsp.encoding import canonical_json, parse_hex
 from kvsp.errors import ValidationError
 from kvsp.identifiers import TrackNamespace, role_id
+from kvsp.reader import ObjectReader
 from kvsp.records import (
     InstanceStatus,
     JsonRecord,
@@ -46,7 +46,7 @@ from kvsp.records import (
     digest_of_layers,
     parse_reshard_message,
 )
-from kvsp.records._common import HOLDER_SCHEMES, HTTPS, check_layer_range, check_uri, read_finite
+from kvsp.records.base import HOLDER_SCHEMES, HTTPS, check_layer_range, check_uri, read_finite
 from kvsp.registry import InstanceState, Tier
 from tests.conftest import APPENDIX_A_COMPAT_ID, APPENDIX_A_K0, APPENDIX_A_K1, APPENDIX_A_SCOPE_ID
 

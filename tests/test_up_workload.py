@@ -25,7 +25,8 @@ def test_kvsp_workload_on_a_kept_system_kills_and_the_supervisor_restarts(tmp_pa
     try:
         output = read_until(up, "The system is up", 120)
         assert "The system is up" in output, output[-4000:]
-        done = subprocess.run([sys.executable, "-m", "control.cli", "workload", "--run-dir", str(run_dir), "--chats", "4",
+        done = subprocess.run([sys.executable, "-m", "control.cli", "workload", "--run-dir", str(run_dir),
+                               "--chats", "4",
                                "--turns", "2", "--kill-after", "0.25", "--quiet"], env=child_env(),
                               capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

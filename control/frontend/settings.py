@@ -31,12 +31,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
-from kvsp._reader import ObjectReader
 from kvsp.descriptor import CompatDescriptor
 from kvsp.encoding import parse_hex
 from kvsp.errors import KvspError, ValidationError
 from kvsp.numbers import parse_decimal
-from kvsp.records._common import MAX_SAFE_INT, check_uri
+from kvsp.reader import ObjectReader
+from kvsp.records.base import MAX_SAFE_INT, check_uri
 from kvsp.service.config import RoleConfig
 
 KNOWN_KEYS: Final = frozenset({

@@ -35,11 +35,11 @@ from typing import Final
 
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
 
-from kvsp._reader import ObjectReader
 from kvsp.descriptor import CompatDescriptor
 from kvsp.errors import ValidationError
 from kvsp.numbers import parse_decimal
-from kvsp.records._common import MAX_SAFE_INT, check_uri
+from kvsp.reader import ObjectReader
+from kvsp.records.base import MAX_SAFE_INT, check_uri
 from kvsp.service.config import RoleConfig
 from moqt.quic import MAX_DATAGRAM_SIZE, MoqtUri, QuicSettings
 

@@ -33,12 +33,12 @@ from control.instance.output import TokenLog
 from control.instance.role import InstanceRole
 from control.instance.sessions import spec_for_resume, spec_for_start
 from control.instance.settings import InstanceSettings
-from kvsp._reader import ObjectReader
 from kvsp.errors import ValidationError
 from kvsp.numbers import parse_decimal, parse_decimal_range
 from kvsp.problems import Problem, ProblemError, ProblemType
+from kvsp.reader import ObjectReader
 from kvsp.records import PrefetchDirective, StateChange, parse_reshard_message
-from kvsp.records._common import MAX_SAFE_INT, read_uuid
+from kvsp.records.base import MAX_SAFE_INT, read_uuid
 from kvsp.records.generation import ResumeRequest, StartSession, TokenEvent
 from kvsp.records.shard import MAX_MAP_ID
 from kvsp.service.app import CLOCK, CONFIG

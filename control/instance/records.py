@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Self
 
-from kvsp._reader import ObjectReader
-from kvsp.records._common import JsonRecord, read_count, read_uuid
+from kvsp.reader import ObjectReader
+from kvsp.records.base import JsonRecord, read_count, read_uuid
 from kvsp.records.generation import (
     END_REASONS,
     ResumeRequest,

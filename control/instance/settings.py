@@ -53,13 +53,13 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Final
 
-from kvsp._reader import ObjectReader
 from kvsp.descriptor import CompatDescriptor
 from kvsp.encoding import parse_hex
 from kvsp.errors import ValidationError
 from kvsp.keys import ScopeKey
+from kvsp.reader import ObjectReader
 from kvsp.records import Link
-from kvsp.records._common import MAX_SAFE_INT, check_uri
+from kvsp.records.base import MAX_SAFE_INT, check_uri
 from kvsp.service.config import RoleConfig
 from kvsp.service.policy import ANY
 from moqt.quic import MoqtUri

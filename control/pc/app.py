@@ -40,7 +40,7 @@ from kvsp.identifiers import check_role_id, role_id
 from kvsp.numbers import parse_decimal
 from kvsp.problems import Problem, ProblemError, ProblemType
 from kvsp.records import InstanceStatus, SessionCheckpoint, ShardMap
-from kvsp.records._common import MAX_SAFE_INT
+from kvsp.records.base import MAX_SAFE_INT
 from kvsp.records.generation import GenerateRequest
 from kvsp.records.shard import MAX_MAP_ID
 from kvsp.service.app import CLOCK, CONFIG

@@ -69,7 +69,7 @@ from kvsp.records import (
     ShardMap,
     StateChange,
 )
-from kvsp.records._common import MAX_URIS
+from kvsp.records.base import MAX_URIS
 from kvsp.records.generation import GenerateRequest, ResumeRequest, SessionInfo, SessionState, StartSession
 from kvsp.registry import InstanceState
 from kvsp.service.policy import Policy

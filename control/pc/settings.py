@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-from kvsp._reader import ObjectReader
 from kvsp.descriptor import CompatDescriptor
 from kvsp.encoding import parse_hex
 from kvsp.errors import KvspError, ValidationError
 from kvsp.keys import ScopeKey
-from kvsp.records._common import MAX_SAFE_INT, check_uri
+from kvsp.reader import ObjectReader
+from kvsp.records.base import MAX_SAFE_INT, check_uri
 from kvsp.records.session import MAX_PARAM_STRING
 from kvsp.service.config import RoleConfig
 

@@ -45,7 +45,7 @@ from kvsp.container import Container, Geometry, LayerRange, LayerView
 from kvsp.errors import ContainerError, DigestMismatchError, ValidationError
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import Lease, Link, LookupRequest, ReplicaRecord
-from kvsp.records._common import uri_scheme
+from kvsp.records.base import uri_scheme
 from kvsp.registry import Codec
 
 log = logging.getLogger("kvsp.client.fetch")

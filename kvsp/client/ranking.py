@@ -22,7 +22,7 @@ from typing import Final
 from kvsp.container import LayerRange
 from kvsp.placement import transfer_us
 from kvsp.records import Link, ReplicaRecord, Residency
-from kvsp.records._common import uri_scheme
+from kvsp.records.base import uri_scheme
 from kvsp.registry import Tier
 
 TIER_RANK: Final = {Tier.DEVICE: 0, Tier.HOST: 1, Tier.REMOTE_MEMORY: 2, Tier.LOCAL_STORAGE: 3,

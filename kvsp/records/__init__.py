@@ -7,7 +7,7 @@ member (``"residency[1].layers"``); unknown members are ignored.  Binary identif
 (Block Keys and Compatibility IDs 32 octets, Scope IDs 16 octets, digests 32 raw octets).
 """
 
-from kvsp.records._common import DEFAULT_MAX_KEYS, JsonRecord, KeyedRecord, LayerRange, TokenRange
+from kvsp.records.base import DEFAULT_MAX_KEYS, JsonRecord, KeyedRecord, LayerRange, TokenRange
 from kvsp.records.generation import (
     GenerateRequest,
     ResumeRequest,

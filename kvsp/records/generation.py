@@ -25,10 +25,10 @@ import enum
 from dataclasses import dataclass
 from typing import Final, Self
 
-from kvsp._reader import ObjectReader
 from kvsp.encoding import canonical_json, parse_json
 from kvsp.errors import ValidationError
-from kvsp.records._common import (
+from kvsp.reader import ObjectReader
+from kvsp.records.base import (
     COMPAT_ID_OCTETS,
     MAX_SAFE_INT,
     MAX_UINT32,

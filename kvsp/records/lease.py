@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass
 from typing import Final, Self
 
-from kvsp._reader import ObjectReader
 from kvsp.errors import ValidationError
-from kvsp.records._common import DEFAULT_MAX_KEYS, JsonRecord, KeyedRecord, hex_list, read_keys, read_positive
+from kvsp.reader import ObjectReader
+from kvsp.records.base import DEFAULT_MAX_KEYS, JsonRecord, KeyedRecord, hex_list, read_keys, read_positive
 
 MAX_LEASE_ID: Final = 128
 _LEASE_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")

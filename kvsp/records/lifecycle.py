@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Self
 
-from kvsp._reader import ObjectReader
 from kvsp.problems import Problem, ProblemError, ProblemType
-from kvsp.records._common import JsonRecord
+from kvsp.reader import ObjectReader
+from kvsp.records.base import JsonRecord
 from kvsp.registry import INSTANCE_STATES, InstanceState
 
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Self
 
-from kvsp._reader import ObjectReader
 from kvsp.errors import ValidationError
-from kvsp.records._common import (
+from kvsp.reader import ObjectReader
+from kvsp.records.base import (
     COMPAT_ID_OCTETS,
     DEFAULT_MAX_KEYS,
     MAX_URIS,

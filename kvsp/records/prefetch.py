@@ -23,9 +23,9 @@ import enum
 from dataclasses import dataclass
 from typing import Final, Self
 
-from kvsp._reader import ObjectReader
 from kvsp.errors import ValidationError
-from kvsp.records._common import (
+from kvsp.reader import ObjectReader
+from kvsp.records.base import (
     BLOCK_KEY_OCTETS,
     COMPAT_ID_OCTETS,
     DEFAULT_MAX_KEYS,

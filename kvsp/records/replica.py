@@ -20,11 +20,11 @@ import math
 from dataclasses import dataclass
 from typing import Final, Self
 
-from kvsp._reader import ObjectReader
 from kvsp.encoding import format_digest
 from kvsp.errors import ValidationError
 from kvsp.identifiers import TrackNamespace, role_id
-from kvsp.records._common import (
+from kvsp.reader import ObjectReader
+from kvsp.records.base import (
     BLOCK_KEY_OCTETS,
     COMPAT_ID_OCTETS,
     HOLDER_SCHEMES,

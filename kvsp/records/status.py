@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Self
 
-from kvsp._reader import ObjectReader
-from kvsp.records._common import (
+from kvsp.reader import ObjectReader
+from kvsp.records.base import (
     HOLDER_SCHEMES,
     MAX_SAFE_INT,
     JsonRecord,

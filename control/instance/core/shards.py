@@ -30,7 +30,7 @@ from control.instance.core.events import (
 )
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import ReshardAbort, ReshardCommit, ReshardMessage, ReshardPlan, TokenRange
-from kvsp.records._common import merge_ranges, subtract_ranges
+from kvsp.records.base import merge_ranges, subtract_ranges
 
 
 def _conflict(detail: str) -> ProblemError:

@@ -13,10 +13,10 @@ from collections.abc import Hashable, Iterable, Sequence
 from typing import Final, Self
 from urllib.parse import urlsplit
 
-from kvsp._reader import MAX_JSON_INT, ObjectReader, check_pair, check_str
 from kvsp.encoding import canonical_json, parse_json
 from kvsp.errors import ValidationError
 from kvsp.identifiers import check_base_uri
+from kvsp.reader import MAX_JSON_INT, ObjectReader, check_pair, check_str
 
 # JCS (RFC 8785) cannot serialise integers beyond IEEE 754 double precision, so an integer we accept
 # must stay inside that domain or a parsed record could not be written back out.
