@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks._report import machine_facts, write_reports
+from benchmarks.report import machine_facts, write_reports
 
 PACKAGE = "benchmarks"
 ROOT = Path(__file__).resolve().parent.parent

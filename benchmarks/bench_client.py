@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from benchmarks._timing import Sample, case, measure
+from benchmarks.timing import Sample, case, measure
 from kvsp.client.verify import BlockCheck, BlockVerifier, verify_block_bytes
 from kvsp.container import decode_container, encode_container, replica_digest
 from kvsp.container_stream import ContainerReader

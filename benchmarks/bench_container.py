@@ -11,7 +11,7 @@
   fresh-copy floor.
 * digests: all layer digests of 64 MiB against one SHA-256 pass over the same octets, goal <= 1.1x.
 
-Every figure is the median (and quartiles) of several repetitions after a warm-up (benchmarks._timing);
+Every figure is the median (and quartiles) of several repetitions after a warm-up (benchmarks.timing);
 candidate and baseline are measured in alternation (`paired`).
 Run: ``python benchmarks/bench_container.py [--quick]``; prints JSON.
 """
@@ -25,7 +25,7 @@ import sys
 
 import numpy as np
 
-from benchmarks._timing import Sample, case, measure, paired
+from benchmarks.timing import Sample, case, measure, paired
 from kvsp.container import Geometry, decode_container, encode_container, encode_into, encode_parts
 from kvsp.container_stream import ContainerReader
 from kvsp.registry import Codec

@@ -62,7 +62,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from benchmarks._timing import Sample, case, measure, paired
+from benchmarks.timing import Sample, case, measure, paired
 from control.instance.engines import calibrate
 from kvsp.container import Container, Geometry, decode_container, encode_container, encode_into
 from kvsp.hf.engine import HfEngine, HfModel

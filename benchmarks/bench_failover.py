@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks._timing import Sample, case
+from benchmarks.timing import Sample, case
 from kvsp.client.holder import HolderClient
 from kvsp.client.index import IndexClient
 from kvsp.container import encode_container

@@ -34,7 +34,7 @@ import aiohttp
 import numpy as np
 from aiohttp import web
 
-from benchmarks._timing import case, measure
+from benchmarks.timing import case, measure
 from control.http import BLOCK_MEDIA_TYPE
 from control.serve import build_app
 from kvsp.container import decode_container, encode_container

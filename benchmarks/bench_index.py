@@ -39,7 +39,7 @@ import aiohttp
 import uvloop
 from aiohttp import web
 
-from benchmarks._timing import case, paired
+from benchmarks.timing import case, paired
 from control.index.store import ReplicaIndex
 from kvsp.identifiers import role_id
 from kvsp.pki import RoleSpec, make_dev_pki

@@ -10,7 +10,7 @@ import json
 import random
 import struct
 
-from benchmarks._timing import case, measure
+from benchmarks.timing import case, measure
 from kvsp.keys import BLOCK_LABEL, block_keys
 
 

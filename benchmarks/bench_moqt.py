@@ -58,13 +58,10 @@ import numpy as np
 import uvloop
 from aiohttp import web
 
-from benchmarks._timing import Sample, add_check, case
-from control.config import RoleConfig, ServerConfig
+from benchmarks.timing import Sample, add_check, case
 from control.holder.moqt import HOLDER_MOQT, HolderTrackSource
 from control.http import BLOCK_MEDIA_TYPE
-from control.policy import Policy, ScopeGrant
 from control.serve import build_app
-from control.tls import TlsFiles, client_context, server_context
 from kvsp.client.holder import BlockMiss, HolderClient, HolderOptions
 from kvsp.client.http import KvspSession
 from kvsp.client.moqt import MoqtBlockClient
@@ -76,9 +73,12 @@ from kvsp.moqt_binding import LiveBlockPublisher, kvsp_authorizer, kvsp_token_ru
 from kvsp.pki import RoleSpec, make_dev_pki
 from kvsp.records import ReplicaRecord, Residency
 from kvsp.registry import Codec, Tier
+from kvsp.service.config import RoleConfig, ServerConfig
+from kvsp.service.policy import Policy, ScopeGrant
+from kvsp.service.tls import TlsFiles, client_context, server_context
 from moqt.api import Publisher, PublisherSettings
 from moqt.quic import EndpointConfig, MoqtConnection, QuicSettings
-from moqt.tls import HANDSHAKE_DATAGRAM_SIZE
+from moqt.quic.aioquic_hooks import HANDSHAKE_DATAGRAM_SIZE
 
 MiB = 1 << 20
 SCOPE = bytes(range(16))

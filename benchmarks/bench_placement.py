@@ -29,7 +29,7 @@ import json
 import random
 from collections.abc import Sequence
 
-from benchmarks._timing import Sample, add_check, case, measure
+from benchmarks.timing import Sample, add_check, case, measure
 from control.pc.core import Assign, PlacementRequest, Placer, PlacerConfig
 from kvsp.placement import recompute_us, wait_us
 from kvsp.records import InstanceStatus, Link, LookupResponse, ReplicaRecord, Residency

@@ -1,4 +1,4 @@
-"""Raw QUIC stream throughput on loopback: our adapter (moqt/quic.py) vs aioquic's stock asyncio one.
+"""Raw QUIC stream throughput on loopback: our adapter (moqt/quic/) vs aioquic's stock asyncio one.
 
 One client process sends N octets on one bidirectional stream to a sink in a second process (so
 sender and receiver each have a core), which answers ``ok`` + FIN once it has the FIN; the time runs
@@ -38,7 +38,7 @@ from aioquic.asyncio.server import serve as stock_serve
 from aioquic.quic import events as qe
 from aioquic.quic.configuration import QuicConfiguration
 
-from benchmarks._timing import Sample, case
+from benchmarks.timing import Sample, case
 from kvsp.pki import RoleSpec, make_dev_pki
 from moqt.quic import ALPN, EndpointConfig, MoqtConnection, QuicSettings, connect, serve
 

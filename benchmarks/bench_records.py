@@ -9,7 +9,7 @@ import hashlib
 import json
 import sys
 
-from benchmarks._timing import case, paired
+from benchmarks.timing import case, paired
 from kvsp.records import LookupResponse, ReplicaRecord, digest_of_layers
 
 LAYERS = 32

@@ -45,16 +45,15 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from benchmarks._timing import Sample, add_check, case
+from benchmarks.timing import Sample, add_check, case
 from kvsp.client.moqt import BLOCK_CLIENT_QUIC
 from kvsp.pki import RoleSpec, make_dev_pki
-from moqt.api import MemoryTrackSource, MoqtObject, Publisher, Subscriber, allow_authenticated
+from moqt.api import MemoryTrackSource, MoqtObject, Publisher, Subscriber, UpstreamLink, allow_authenticated
 from moqt.quic import EndpointConfig, QuicSettings
 from moqt.wire import Location, Namespace
 from relay.core import RelayStats
 from relay.server import Relay
 from relay.settings import RELAY_QUIC, RelaySettings
-from relay.upstream import UpstreamLink
 
 MiB = 1 << 20
 OBJECT = 64 << 10

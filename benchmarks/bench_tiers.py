@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks._timing import Sample, case, measure
+from benchmarks.timing import Sample, case, measure
 from control.holder.disk import DiskTier
 from control.holder.store import BlockId, BlockMeta
 from control.holder.tiers import HostTier

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import aiohttp
 
-from benchmarks._timing import Sample, case
+from benchmarks.timing import Sample, case
 from kvsp.client.holder import HolderClient
 from kvsp.client.index import IndexClient
 from kvsp.container import Geometry, encode_container

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 
 from benchmarks.__main__ import discover, run_all, select
-from benchmarks._report import evaluate_goals, format_value, markdown, rate_pairs
-from benchmarks._timing import Sample, add_check, case, measure, measure_async, paired
+from benchmarks.report import evaluate_goals, format_value, markdown, rate_pairs
+from benchmarks.timing import Sample, add_check, case, measure, measure_async, paired
 from control.cli import find_benchmarks
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 OK_SUITE = """
-from benchmarks._timing import Sample, add_check, case
+from benchmarks.timing import Sample, add_check, case
 
 def run(quick=False):
     fast, slow = Sample.of([0.001, 0.002, 0.003]), Sample.of([0.004, 0.004, 0.005])

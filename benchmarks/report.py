@@ -2,7 +2,7 @@
 
 A run is a document ``{"machine": ..., "quick": ..., "suites": [suite, ...]}``; each suite is what its
 module's ``run`` returned (``name``, ``cases``, optional ``params``) plus ``module``, ``elapsed_s`` and,
-where it failed, ``error`` (then ``cases`` is empty).  Rows come from `benchmarks._timing.case`;
+where it failed, ``error`` (then ``cases`` is empty).  Rows come from `benchmarks.timing.case`;
 older rows with plain numbers are accepted as they are.
 """
 
@@ -227,7 +227,7 @@ def write_reports(doc: dict[str, Any], out: Path, *, plots: bool = True) -> list
     written[0].write_text(json.dumps(doc, indent=2, default=str) + "\n")
     written[1].write_text(markdown(doc))
     if plots:
-        from benchmarks._plots import write_plots  # noqa: PLC0415 - matplotlib loads only when plotting
+        from benchmarks.plots import write_plots  # noqa: PLC0415 - matplotlib loads only when plotting
 
         written += write_plots(doc, out)
     return written

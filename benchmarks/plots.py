@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from benchmarks._report import Row, rate_pairs, ratio_bound, safe_name
+from benchmarks.report import Row, rate_pairs, ratio_bound, safe_name
 
 COLOURS = {True: "#2e7d32", False: "#c62828", None: "#757575"}
 
