@@ -41,12 +41,12 @@ from control.holder.service import Holder, stored_accepts
 from control.holder.store import BlockId, BlockMeta, BlockStore, Evict, Segment, Withdraw
 from control.holder.tiers import HostTier, StorageCorruptError
 from control.holder.tierset import TierSet
-from kvsp.service.policy import Policy, ScopeGrant
 from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient
 from kvsp.container import ContainerHeader, LayerRange, decode_container
 from kvsp.records import LookupRequest
 from kvsp.registry import Tier
+from kvsp.service.policy import Policy, ScopeGrant
 from tests.support import DevPki, FakeClock, role_config, running
 from tests.test_holder_support import SCOPE, block_id, container, descriptor, meta_of, write_descriptor
 
@@ -238,7 +238,7 @@ def test_interrupted_writes_are_never_adopted(tmp_path: Path, monkeypatch: pytes
 def test_promoted_layers_are_freed_in_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, punch: bool) -> None:
     """After layers leave local storage, the file holds only what the store counts there."""
     if not punch:  # a platform or file system without hole punching: the file is rewritten instead
-        monkeypatch.setattr(disk_module, "_punch_holes", lambda path, ranges: False)
+        monkeypatch.setattr(disk_module, "punch_holes", lambda path, ranges: False)
     disk = DiskTier(tmp_path / "blocks", KEY)
     disk.prepare()
     meta, body = block(1)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from control.holder.disk import AD_LABEL, NONCE_OCTETS, SEGMENT_OVERHEAD, DiskTier, load_or_create_key
+from control.holder.disk import AD_LABEL, NONCE_OCTETS, SEGMENT_OVERHEAD, DiskTier
+from control.holder.files import load_or_create_key
 from control.holder.store import BlockId, BlockMeta
 from control.holder.tiers import HostTier, RateMeter, StorageCorruptError, StorageMissingError, TierError
 from kvsp.container import LayerRange, decode_container

@@ -30,7 +30,8 @@ from typing import Final
 from aiohttp import hdrs, web
 
 from control.holder import moqt
-from control.holder.disk import DiskTier, load_or_create_key
+from control.holder.disk import DiskTier
+from control.holder.files import load_or_create_key
 from control.holder.metrics import HolderMetrics
 from control.holder.service import Holder, StoreFullError
 from control.holder.settings import HolderSettings

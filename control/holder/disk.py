@@ -32,17 +32,15 @@ updates an exponentially weighted average.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import logging
 import math
 import os
 import re
 import struct
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -66,11 +64,12 @@ from kvsp.registry import Codec, Tier
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
+from control.holder.files import KEY_OCTETS, fsync_dir, punch_holes, pwrite_all, write_new
 from control.holder.tiers import RateMeter, StorageCorruptError, StorageMissingError, TierError
 
 log = logging.getLogger("kvsp.holder.disk")
 
-KEY_OCTETS: Final = 32
+
 NONCE_OCTETS: Final = 12
 TAG_OCTETS: Final = 16
 SEGMENT_OVERHEAD: Final = NONCE_OCTETS + TAG_OCTETS
@@ -96,37 +95,6 @@ DROP_INCOMPLETE: Final = "incomplete"  # some layers were in memory tiers, lost 
 DROP_INCOMPATIBLE: Final = "incompatible"  # a compat (or geometry) this holder no longer stores
 DROP_EXPIRED: Final = "expired"
 DROP_UNREADABLE: Final = "unreadable"  # an I/O error
-
-
-def load_or_create_key(path: Path) -> bytes:
-    """The 32-octet storage key from ``path`` (raw or hex), generating it with mode 0600 if absent."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return _create_key(path)
-    except OSError as exc:
-        raise TierError(f"cannot read encryption_key_file {path}: {exc.strerror}") from exc
-    if path.stat().st_mode & 0o077:
-        log.warning("encryption_key_file %s is readable by group or others; use mode 0600", path)
-    if len(data) == KEY_OCTETS:
-        return data
-    text = data.strip()
-    if len(text) == 2 * KEY_OCTETS and re.fullmatch(rb"[0-9a-fA-F]+", text):
-        return bytes.fromhex(text.decode("ascii"))
-    raise TierError(f"encryption_key_file {path} must hold 32 raw octets or 64 hex digits")
-
-
-def _create_key(path: Path) -> bytes:
-    key = os.urandom(KEY_OCTETS)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another process made it first: use theirs
-        return load_or_create_key(path)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key.hex().encode("ascii") + b"\n")
-    log.info("generated a new storage encryption key in %s", path)
-    return key
 
 
 # -- rate measurement ------------------------------------------------------------------------------
@@ -281,12 +249,12 @@ class DiskTier:
         held = self._held.get(meta.block)
         if held is None:
             self._record_path(meta.block).unlink(missing_ok=True)
-            _write_new(path, ((layout.header, 0), (sealed, base)))
+            write_new(path, ((layout.header, 0), (sealed, base)))
             self._commit(meta, layout, layers, time.time() if stored_at is None else stored_at)
             return
         fd = os.open(path, os.O_RDWR)
         try:
-            _pwrite_all(fd, sealed, base)
+            pwrite_all(fd, sealed, base)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -312,8 +280,8 @@ class DiskTier:
         nonce = os.urandom(NONCE_OCTETS)
         sealed = self._aead.encrypt(nonce, record.encode(), self._record_ad(meta.block))
         path = self._record_path(meta.block)
-        _write_new(path, ((RECORD_MAGIC + nonce + sealed, 0),))
-        _fsync_dir(path.parent)
+        write_new(path, ((RECORD_MAGIC + nonce + sealed, 0),))
+        fsync_dir(path.parent)
         self._held[meta.block] = (held, stored_at)
 
     def _record_ad(self, block: BlockId) -> bytes:
@@ -338,7 +306,7 @@ class DiskTier:
         self._commit(meta, layout, layers, held[1])
         freed = [(layout.starts[r.first], layout.starts[r.last + 1]) for r in _outside(held[0], layers)]
         path = self.path(meta.block)
-        if _punch_holes(path, freed):
+        if punch_holes(path, freed):
             return
         start, end = layout.starts[layers.first], layout.starts[layers.last + 1]
         fd = os.open(path, os.O_RDONLY)
@@ -346,7 +314,7 @@ class DiskTier:
             kept = os.pread(fd, end - start, start)
         finally:
             os.close(fd)
-        _write_new(path, ((layout.header, 0), (kept, start)))
+        write_new(path, ((layout.header, 0), (kept, start)))
 
     def read(self, meta: BlockMeta, layers: LayerRange) -> memoryview:
         """Read and decrypt only ``layers``: their plaintext K||V sections, contiguous."""
@@ -560,64 +528,3 @@ def _outside(held: LayerRange, keep: LayerRange) -> list[LayerRange]:
     if keep.last < held.last:
         out.append(LayerRange(keep.last + 1, held.last))
     return out
-
-
-def _write_new(path: Path, pieces: Iterable[tuple[Buffer, int]]) -> None:
-    """Write ``pieces`` (data, offset) to a new file that replaces ``path`` only once it is on disk."""
-    temp = path.with_name(f"{path.name}.tmp{os.urandom(8).hex()}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        try:
-            for data, offset in pieces:
-                _pwrite_all(fd, data, offset)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _libc_fallocate() -> Callable[[int, int, int, int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).fallocate
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-    fn.restype = ctypes.c_int
-    found: Callable[[int, int, int, int], int] = fn
-    return found
-
-
-_FALLOCATE: Final = _libc_fallocate()
-_PUNCH_HOLE: Final = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE (linux/falloc.h)
-
-
-def _punch_holes(path: Path, ranges: Iterable[tuple[int, int]]) -> bool:
-    """Deallocate ``ranges`` of the file in place; False where the platform or file system cannot."""
-    if _FALLOCATE is None:
-        return False
-    fd = os.open(path, os.O_RDWR)
-    try:
-        return all(_FALLOCATE(fd, _PUNCH_HOLE, start, end - start) == 0 for start, end in ranges)
-    finally:
-        os.close(fd)
-
-
-def _pwrite_all(fd: int, data: Buffer, offset: int) -> None:
-    view = memoryview(data).cast("B")
-    while view.nbytes:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n
