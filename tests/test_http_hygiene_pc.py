@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.test_http_hygiene_roles import BAD_INTEGERS, short_id
-from tests.test_pc_http import Env, env, shard_map  # noqa: F401 - env is the fixture
+from tests.test_pc_http import Env, env  # noqa: F401 - env is the fixture
+from tests.test_pc_http_reshard import shard_map
 
 TOO_BIG = str(2**53)  # past the largest I-JSON integer, as deadlines in records are
 
