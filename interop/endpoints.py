@@ -25,22 +25,23 @@ from typing import Any, TypeAlias
 from interop.content import BlockSpec
 from kvsp.container import replica_digest
 from moqt import (
+    DRAFT_14,
     AuthToken,
     ControlMessageReceived,
     DataStreamEnded,
-    FetchErrorCode,
     FilterType,
     Location,
     MoqtEvent,
     MoqtSession,
     ObjectReceived,
     ObjectStatus,
-    PublishDoneCode,
+    PublishDoneStatus,
+    RequestError,
+    SessionError,
     SessionEstablished,
     SessionTerminated,
     SetupParameters,
     SetupRequested,
-    SubscribeErrorCode,
 )
 from moqt.auth import AuthError
 from moqt.errors import MoqtError
@@ -58,13 +59,12 @@ from moqt.messages import (
     SubscribeOk,
     Unsubscribe,
 )
-from moqt.profile import SessionErrorCode
 from moqt.quic import ConnectionClosedError, EndpointConfig, MoqtConnection, MoqtUri, QuicSettings, connect
 from moqt.tls import PeerTrust
 
 Conn: TypeAlias = MoqtConnection[MoqtEvent]
 # aiomoqt's QUIC stack (aiopquic/picoquic) advertises max_udp_payload_size = 1440. aioquic does not
-# honour that transport parameter by itself; moqt.tls.HookedQuicConnection does, so the suite runs
+# honour that transport parameter by itself; moqt.quic.aioquic_hooks.HookedQuicConnection does, so the suite runs
 # with our default loopback datagram size (16000) and proves the cap works.
 INTEROP_SETTINGS = QuicSettings(handshake_timeout_s=5.0, auth_timeout_s=5.0)
 SCOPE_FIELD = 2  # D3: namespace field 2 is the scope ID (hex16)
@@ -112,7 +112,7 @@ class PublisherStats:
     fetches: int = 0
     subscriptions: int = 0
     completed: int = 0
-    refusals: list[tuple[str, int]] = field(default_factory=list)
+    refusals: list[tuple[str, RequestError]] = field(default_factory=list)
     setups_rejected: list[tuple[int, str]] = field(default_factory=list)
 
 
@@ -209,19 +209,20 @@ class BlockPublisher:
             return False
         return claims is not None and claims.allows_scope(scope)
 
-    def _lookup(self, conn: Conn, namespace: tuple[bytes, ...], track: bytes) -> tuple[BlockSpec | None, int]:
+    def _lookup(self, conn: Conn, namespace: tuple[bytes, ...], track: bytes
+                ) -> tuple[BlockSpec | None, RequestError | None]:
         block = self.blocks.get((tuple(namespace), track))
         if block is None:
-            return None, SubscribeErrorCode.TRACK_DOES_NOT_EXIST
+            return None, RequestError.TRACK_DOES_NOT_EXIST
         if not self._authorized(conn, block):
-            return None, SubscribeErrorCode.UNAUTHORIZED
-        return block, 0
+            return None, RequestError.UNAUTHORIZED
+        return block, None
 
     def _on_fetch(self, conn: Conn, session: MoqtSession, message: Fetch) -> None:
         rid, wanted = message.request_id, message.standalone
         if wanted is None:
-            self.stats.refusals.append(("fetch", FetchErrorCode.NOT_SUPPORTED))
-            session.fetch_error(rid, FetchErrorCode.NOT_SUPPORTED, "only standalone FETCH of stored blocks")
+            self.stats.refusals.append(("fetch", RequestError.NOT_SUPPORTED))
+            session.fetch_error(rid, RequestError.NOT_SUPPORTED, "only standalone FETCH of stored blocks")
             return
         block, code = self._lookup(conn, wanted.track_namespace, wanted.track_name)
         # [start, end): End Location is the last object plus 1; object 0 means all of the end group.
@@ -231,7 +232,7 @@ class BlockPublisher:
         else:
             last = min(wanted.end.object - 1, block.layers - 1) if block else -1
         if block is None or first is None or first > last:
-            code = code or FetchErrorCode.INVALID_RANGE
+            code = code or RequestError.INVALID_RANGE
             self.stats.refusals.append(("fetch", code))
             session.fetch_error(rid, code, "no such block" if block is None else "no layers in that range")
             return
@@ -243,8 +244,9 @@ class BlockPublisher:
         rid = message.request_id
         block, code = self._lookup(conn, message.track_namespace, message.track_name)
         if block is None:
+            code = code or RequestError.INTERNAL_ERROR  # _lookup names why; never unnamed
             self.stats.refusals.append(("subscribe", code))
-            reason = "no such block" if code == SubscribeErrorCode.TRACK_DOES_NOT_EXIST else "scope not in token"
+            reason = "no such block" if code is RequestError.TRACK_DOES_NOT_EXIST else "scope not in token"
             session.subscribe_error(rid, code, reason)
             return
         self.stats.subscriptions += 1
@@ -285,7 +287,7 @@ class BlockPublisher:
                 await conn.drain(stream)
             if first >= block.layers:
                 session.finish_stream(stream)
-            session.publish_done(rid, PublishDoneCode.TRACK_ENDED, "block complete")
+            session.publish_done(rid, PublishDoneStatus.TRACK_ENDED, "block complete")
             self.stats.completed += 1
         except asyncio.CancelledError:
             with contextlib.suppress(MoqtError):
@@ -386,7 +388,7 @@ class Subscriber:
         elif isinstance(event, ControlMessageReceived):
             message = event.message
             if isinstance(message, FetchError | SubscribeError) and message.request_id == result.request_id:
-                raise InteropError(f"{message.TYPE.name} {message.error_code}: {message.reason}")
+                raise InteropError(f"{message.KIND.value} {message.error_code}: {message.reason}")
             if isinstance(message, FetchOk | SubscribeOk) and message.request_id == result.request_id:
                 result.reply = message
             elif isinstance(message, PublishDone) and message.request_id == result.request_id:
@@ -417,7 +419,7 @@ class Subscriber:
         return result
 
     async def close(self, timeout: float = 5.0) -> None:
-        self.conn.close(SessionErrorCode.NO_ERROR, "done")
+        self.conn.close(DRAFT_14.session_errors.code(SessionError.NO_ERROR), "done")
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await self.conn.wait_closed()

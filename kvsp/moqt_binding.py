@@ -41,8 +41,8 @@ from kvsp.errors import ContainerError, ValidationError
 from kvsp.identifiers import TrackNamespace
 from kvsp.records import ReplicaRecord
 from kvsp.registry import Codec, codec_name
-from moqt.api import Action, Authorizer, LiveTrack, MoqtObject, Publisher, TokenRule
 from moqt.auth import TokenClaims
+from moqt.tracks import Action, Authorizer, MoqtObject, TokenRule, TrackPublisher, TrackWriter
 from moqt.wire import Bytes, KeyValuePair, Location, Namespace
 
 K_LENGTH_EXTENSION: Final = 0x4B56
@@ -291,11 +291,11 @@ class LiveBlockPublisher:
     exists. The layer digests are computed as layers are published, for the record made at the end.
     """
 
-    def __init__(self, publisher: Publisher, namespace: TrackNamespace, codec: int = Codec.RAW) -> None:
+    def __init__(self, publisher: TrackPublisher, namespace: TrackNamespace, codec: int = Codec.RAW) -> None:
         self.namespace = namespace
         self.codec = codec
-        self.track: LiveTrack = publisher.track(namespace.fields(), track_name(codec),
-                                                extensions_present=codec != Codec.RAW)
+        self.track: TrackWriter = publisher.track(namespace.fields(), track_name(codec),
+                                                  extensions_present=codec != Codec.RAW)
         self._digests: list[bytes] = []
 
     @property

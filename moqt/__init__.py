@@ -1,12 +1,16 @@
-"""MOQT (Media over QUIC Transport) draft-14 for kvsp: wire codecs and a sans-I/O session.
+"""MOQT (Media over QUIC Transport) for kvsp: wire codecs and a sans-I/O session, draft-14 by profile.
 
 The session sits on an aioquic ``QuicConnection`` the way ``H3Connection`` does: feed it every QUIC
 event with ``handle_event`` and act on the returned MOQT events; its methods write to the connection.
 See docs/architecture.md and decision D3 (/work/shared/design/decisions.md).
+
+Why the session names load lazily: the session needs aioquic, the codecs do not, and importing any
+``moqt.*`` module runs this file first; so ``import moqt.wire`` stays free of aioquic (D9).
 """
 
-from moqt._core import SessionLimits
-from moqt._tokens import ResolvedToken
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from moqt.data import (
     DataStreamParser,
     FetchHeader,
@@ -43,26 +47,20 @@ from moqt.events import (
     SessionTerminated,
     SetupRequested,
 )
-from moqt.params import AuthToken, RequestParameters, SetupParameters
-from moqt.profile import (
-    DRAFT_14,
+from moqt.kinds import (
     AliasType,
-    FetchErrorCode,
     FetchType,
     FilterType,
     GroupOrder,
-    MessageType,
+    MessageKind,
     ObjectStatus,
-    Profile,
-    PublishDoneCode,
-    PublishErrorCode,
-    PublishNamespaceErrorCode,
-    SessionErrorCode,
-    StreamResetCode,
-    SubscribeErrorCode,
-    SubscribeNamespaceErrorCode,
+    PublishDoneStatus,
+    RequestError,
+    SessionError,
+    StreamReset,
 )
-from moqt.session import MoqtSession, Role
+from moqt.params import AuthToken, RequestParameters, ResolvedToken, SetupParameters
+from moqt.profiles import DRAFT_14, Profile
 from moqt.wire import KeyValuePair, Location, Namespace
 
 __all__ = [
@@ -74,7 +72,6 @@ __all__ = [
     "DataStreamParser",
     "DataStreamReset",
     "DataStreamStopped",
-    "FetchErrorCode",
     "FetchHeader",
     "FetchType",
     "FetchWriter",
@@ -85,7 +82,7 @@ __all__ = [
     "LocalError",
     "Location",
     "MalformedTrack",
-    "MessageType",
+    "MessageKind",
     "MoqtError",
     "MoqtEvent",
     "MoqtSession",
@@ -100,15 +97,14 @@ __all__ = [
     "PayloadChunk",
     "Profile",
     "ProtocolViolation",
-    "PublishDoneCode",
-    "PublishErrorCode",
-    "PublishNamespaceErrorCode",
+    "PublishDoneStatus",
+    "RequestError",
     "RequestParameters",
     "RequestsBlockedError",
     "ResolvedToken",
     "Role",
     "SessionClosedError",
-    "SessionErrorCode",
+    "SessionError",
     "SessionEstablished",
     "SessionLimits",
     "SessionTerminated",
@@ -116,10 +112,21 @@ __all__ = [
     "SetupRequested",
     "StreamClosedError",
     "StreamFinished",
-    "StreamResetCode",
+    "StreamReset",
     "SubgroupHeader",
     "SubgroupIdMode",
     "SubgroupWriter",
-    "SubscribeErrorCode",
-    "SubscribeNamespaceErrorCode",
 ]
+
+if TYPE_CHECKING:
+    from moqt.session import MoqtSession, Role, SessionLimits
+
+_SESSION_NAMES = frozenset({"MoqtSession", "Role", "SessionLimits"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SESSION_NAMES:
+        value = getattr(importlib.import_module("moqt.session"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'moqt' has no attribute {name!r}")

@@ -20,13 +20,15 @@ from enum import IntEnum
 from typing import Final, TypeAlias
 
 from moqt.errors import NeedMoreData, ProtocolViolation
-from moqt.profile import DatagramType, DataStreamType, ObjectStatus, SessionErrorCode
+from moqt.kinds import ObjectStatus, SessionError
+from moqt.profiles import DRAFT_14, Profile
+from moqt.profiles.draft14 import DatagramType, DataStreamType  # the draft-14 framing this module implements
 from moqt.wire import VARINT_MAX, Bytes, KeyValuePair, Reader, Writer, decode_kvp_block, encode_kvps, encode_varint
 
 DEFAULT_MAX_OBJECT_SIZE: Final = 64 * 1024 * 1024
 DEFAULT_MAX_EXTENSIONS_LENGTH: Final = 16 * 1024
 _HEADER_SLACK: Final = 64  # every fixed header field of any stream or object header fits in this
-_PV: Final = SessionErrorCode.PROTOCOL_VIOLATION
+_PV: Final = SessionError.PROTOCOL_VIOLATION
 
 Extensions: TypeAlias = tuple[KeyValuePair, ...]
 Payload: TypeAlias = bytes | bytearray | memoryview
@@ -149,11 +151,12 @@ class StreamFinished:
 DataEvent: TypeAlias = SubgroupHeader | FetchHeader | ObjectHeader | PayloadChunk | StreamFinished
 
 
-def _pull_status(reader: Reader) -> ObjectStatus:
+def _pull_status(reader: Reader, profile: Profile) -> ObjectStatus:
     raw = reader.pull_varint()
-    if raw not in ObjectStatus._value2member_map_:
+    status = profile.object_statuses.name(raw)
+    if status is None:
         raise ProtocolViolation(_PV, f"unknown Object Status {raw}")
-    return ObjectStatus(raw)
+    return status
 
 
 def _pull_extensions(reader: Reader, limit: int) -> Extensions:
@@ -161,9 +164,9 @@ def _pull_extensions(reader: Reader, limit: int) -> Extensions:
     return decode_kvp_block(reader.pull_bytes(length))
 
 
-def _pull_length_and_status(reader: Reader, limit: int) -> tuple[int, ObjectStatus]:
+def _pull_length_and_status(reader: Reader, limit: int, profile: Profile) -> tuple[int, ObjectStatus]:
     length = reader.pull_length(limit, "Object Payload")
-    return length, (_pull_status(reader) if length == 0 else ObjectStatus.NORMAL)
+    return length, (_pull_status(reader, profile) if length == 0 else ObjectStatus.NORMAL)
 
 
 def _check_status_extensions(status: ObjectStatus, extensions: Extensions) -> None:
@@ -175,7 +178,8 @@ class DataStreamParser:
     """Incremental parser of one unidirectional data stream (subgroup or fetch)."""
 
     def __init__(self, *, max_object_size: int = DEFAULT_MAX_OBJECT_SIZE,
-                 max_extensions_length: int = DEFAULT_MAX_EXTENSIONS_LENGTH) -> None:
+                 max_extensions_length: int = DEFAULT_MAX_EXTENSIONS_LENGTH, profile: Profile = DRAFT_14) -> None:
+        self._profile = profile
         self._max_object = max_object_size
         self._max_ext = max_extensions_length
         self._max_header = _HEADER_SLACK + max_extensions_length
@@ -270,7 +274,7 @@ class DataStreamParser:
         group, subgroup, object_id = reader.pull_varint(), reader.pull_varint(), reader.pull_varint()
         priority = reader.pull_uint8()
         extensions = _pull_extensions(reader, self._max_ext)
-        length, status = _pull_length_and_status(reader, self._max_object)
+        length, status = _pull_length_and_status(reader, self._max_object, self._profile)
         _check_status_extensions(status, extensions)
         return ObjectHeader(group, subgroup, object_id, priority, extensions, status, length)
 
@@ -282,7 +286,7 @@ class DataStreamParser:
         if object_id > VARINT_MAX:
             raise ProtocolViolation(_PV, "Object ID overflows")
         extensions = _pull_extensions(reader, self._max_ext) if header.extensions_present else ()
-        length, status = _pull_length_and_status(reader, self._max_object)
+        length, status = _pull_length_and_status(reader, self._max_object, self._profile)
         _check_status_extensions(status, extensions)
         subgroup = self._subgroup_id if self._subgroup_id is not None else header.subgroup_id
         return ObjectHeader(header.group_id, object_id if subgroup is None else subgroup, object_id,
@@ -339,10 +343,10 @@ def _take_part(remaining: int, part: Payload) -> int:
     return remaining - size
 
 
-def _push_length_status(head: Writer, length: int, status: ObjectStatus) -> None:
+def _push_length_status(head: Writer, length: int, status: ObjectStatus, profile: Profile) -> None:
     head.push_varint(length)
     if not length:
-        head.push_varint(status)
+        head.push_varint(profile.object_statuses.code(status))
 
 
 @dataclass(slots=True)
@@ -355,6 +359,7 @@ class SubgroupWriter:
     """
 
     header: SubgroupHeader
+    profile: Profile = DRAFT_14
     _prev_object_id: int | None = field(default=None, init=False)
     remaining: int = field(default=0, init=False)
 
@@ -386,7 +391,7 @@ class SubgroupWriter:
         head.push_varint(object_id if prev is None else object_id - prev - 1)
         if self.header.extensions_present:
             head.push_length_prefixed(encode_kvps(list(extensions)))
-        _push_length_status(head, payload_length, status)
+        _push_length_status(head, payload_length, status, self.profile)
         self._prev_object_id = object_id
         self.remaining = payload_length
         return head.getvalue()
@@ -402,6 +407,7 @@ class FetchWriter:
     """Encodes the objects of one fetch stream (whole, or fields then payload parts: see SubgroupWriter)."""
 
     header: FetchHeader
+    profile: Profile = DRAFT_14
     remaining: int = field(default=0, init=False)
 
     def encode_header(self) -> bytes:
@@ -429,7 +435,7 @@ class FetchWriter:
         parts = [_varint(group_id), _varint(subgroup_id), _varint(object_id), bytes((publisher_priority,)),
                  _varint(len(ext)), ext, _varint(payload_length)]
         if not payload_length:
-            parts.append(_varint(status))
+            parts.append(_varint(self.profile.object_statuses.code(status)))
         self.remaining = payload_length
         return b"".join(parts)
 
@@ -464,7 +470,7 @@ class ObjectDatagram:
             return DatagramType.STATUS | ext
         return ext | (int(self.end_of_group) << 1) | (0x04 if self.object_id == 0 else 0)
 
-    def encode(self) -> bytes:
+    def encode(self, profile: Profile = DRAFT_14) -> bytes:
         kind = self.datagram_type
         writer = Writer()
         writer.push_varint(kind)
@@ -476,22 +482,23 @@ class ObjectDatagram:
         if self.extensions:
             writer.push_length_prefixed(encode_kvps(self.extensions))
         if kind & DatagramType.STATUS:
-            writer.push_varint(self.status)
+            writer.push_varint(profile.object_statuses.code(self.status))
         else:
             writer.push_bytes(self.payload)
         return writer.getvalue()
 
     @classmethod
-    def decode(cls, data: Bytes, *, max_extensions_length: int = DEFAULT_MAX_EXTENSIONS_LENGTH) -> ObjectDatagram:
+    def decode(cls, data: Bytes, *, max_extensions_length: int = DEFAULT_MAX_EXTENSIONS_LENGTH,
+               profile: Profile = DRAFT_14) -> ObjectDatagram:
         """Decode a whole datagram; the payload is a view of ``data`` (zero-copy)."""
         reader = Reader(data)
         try:
-            return cls._decode(reader, max_extensions_length)
+            return cls._decode(reader, max_extensions_length, profile)
         except NeedMoreData:
             raise ProtocolViolation(_PV, "truncated OBJECT_DATAGRAM") from None
 
     @classmethod
-    def _decode(cls, reader: Reader, max_ext: int) -> ObjectDatagram:
+    def _decode(cls, reader: Reader, max_ext: int, profile: Profile) -> ObjectDatagram:
         kind = reader.pull_varint()
         if kind not in DatagramType._value2member_map_:
             raise ProtocolViolation(_PV, f"unknown datagram type 0x{kind:x}")
@@ -507,7 +514,7 @@ class ObjectDatagram:
         if not is_status:
             payload = reader.pull_bytes(reader.remaining)
             return cls(alias, group, object_id, priority, payload, extensions, ObjectStatus.NORMAL, bool(kind & 0x02))
-        status = _pull_status(reader)
+        status = _pull_status(reader, profile)
         if not reader.at_end():
             raise ProtocolViolation(_PV, "payload after an Object Status in a datagram")
         _check_status_extensions(status, extensions)

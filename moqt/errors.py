@@ -8,6 +8,8 @@ is raised to it, h11-style, without touching the connection.
 
 from __future__ import annotations
 
+from moqt.kinds import SessionError
+
 
 class MoqtError(Exception):
     """Root of every exception raised by the ``moqt`` package."""
@@ -28,11 +30,12 @@ class NeedMoreData(MoqtError):
 
 
 class ProtocolViolation(MoqtError):
-    """The peer broke the protocol; ``error_code`` is the Session Termination code to close with."""
+    """The peer broke the protocol; ``error`` names the Session Termination code to close with (the
+    session's profile gives its number, so codecs raise it without knowing the draft)."""
 
-    def __init__(self, error_code: int, reason: str) -> None:
-        super().__init__(f"{reason} (error code 0x{error_code:x})")
-        self.error_code = int(error_code)
+    def __init__(self, error: SessionError, reason: str) -> None:
+        super().__init__(f"{reason} ({error.value})")
+        self.error = error
         self.reason = reason
 
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from moqt._tokens import ResolvedToken
 from moqt.data import Extensions
+from moqt.kinds import ObjectStatus, SessionError
 from moqt.messages import ClientSetup, ControlMessage
-from moqt.params import SetupParameters
-from moqt.profile import ObjectStatus
+from moqt.params import ResolvedToken, SetupParameters
 
 
 class MoqtEvent:
@@ -53,11 +52,13 @@ class SessionEstablished(MoqtEvent):
 @dataclass(frozen=True, slots=True)
 class SessionTerminated(MoqtEvent):
     """The session is over. ``remote`` is True when the peer (or the transport) closed it; False when
-    this session closed it because of the peer's input (the error code is the one we sent)."""
+    this session closed it because of the peer's input (the error code is the one we sent).
+    ``error`` is the code's draft-neutral name (None for a code the profile does not define)."""
 
     error_code: int
     reason_phrase: str
     remote: bool
+    error: SessionError | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,18 +17,12 @@ from dataclasses import dataclass
 from typing import Final
 
 from moqt.errors import NeedMoreData, ProtocolViolation
-from moqt.profile import (
-    DRAFT_14,
-    AliasType,
-    Profile,
-    SessionErrorCode,
-    SetupParameterType,
-    VersionParameterType,
-)
+from moqt.kinds import AliasType, MessageKind, RequestParameter, SessionError, SetupParameter
+from moqt.profiles import DRAFT_14, Profile
 from moqt.wire import VARINT_MAX, KeyValuePair, Reader, Writer
 
-_KVF: Final = SessionErrorCode.KEY_VALUE_FORMATTING_ERROR
-_PV: Final = SessionErrorCode.PROTOCOL_VIOLATION
+_KVF: Final = SessionError.KEY_VALUE_FORMATTING_ERROR
+_PV: Final = SessionError.PROTOCOL_VIOLATION
 # RFC 3986 path-abempty [ "?" query ]: pchar = unreserved / pct-encoded / sub-delims / ":" / "@".
 _PATH_RE: Final = re.compile(
     r"^(/([A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})*)*"
@@ -37,6 +31,15 @@ _PATH_RE: Final = re.compile(
 _AUTHORITY_RE: Final = re.compile(
     r"^(([A-Za-z0-9\-._~!$&'()*+,;=:]|%[0-9A-Fa-f]{2})*@)?"
     r"(\[[0-9A-Fa-f:.vV]+\]|([A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})+)(:[0-9]*)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedToken:
+    """A token as the message means it: its Token Type and Token Value, aliases looked up."""
+
+    token_type: int
+    value: bytes
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +70,9 @@ class AuthToken:
         """Bytes counted against MAX_AUTH_TOKEN_CACHE_SIZE: 16 + the Token Value."""
         return 16 + len(self.value or b"")
 
-    def encode(self) -> bytes:
+    def encode(self, profile: Profile = DRAFT_14) -> bytes:
         writer = Writer()
-        writer.push_varint(self.alias_type)
+        writer.push_varint(profile.alias_types.code(self.alias_type))
         if self.alias is not None:
             writer.push_varint(self.alias)
         if self.token_type is not None:
@@ -79,14 +82,14 @@ class AuthToken:
         return writer.getvalue()
 
     @classmethod
-    def decode(cls, data: bytes) -> AuthToken:
+    def decode(cls, data: bytes, profile: Profile = DRAFT_14) -> AuthToken:
         """A Token that cannot be decoded closes the session with KEY_VALUE_FORMATTING_ERROR."""
         reader = Reader(data)
         try:
             raw_type = reader.pull_varint()
-            if raw_type not in AliasType._value2member_map_:
+            alias_type = profile.alias_types.name(raw_type)
+            if alias_type is None:
                 raise ProtocolViolation(_KVF, f"unknown token Alias Type {raw_type}")
-            alias_type = AliasType(raw_type)
             alias = reader.pull_varint() if alias_type != AliasType.USE_VALUE else None
             if alias_type in (AliasType.DELETE, AliasType.USE_ALIAS):
                 if not reader.at_end():
@@ -98,11 +101,15 @@ class AuthToken:
         return cls(alias_type, alias=alias, token_type=token_type, value=bytes(reader.pull_bytes(reader.remaining)))
 
 
-def _decode_text(raw: bytes, error_code: int, what: str) -> str:
+def _type_of(pair: KeyValuePair) -> int:
+    return pair.type
+
+
+def _decode_text(raw: bytes, error: SessionError, what: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ProtocolViolation(error_code, f"{what} is not UTF-8") from None
+        raise ProtocolViolation(error, f"{what} is not UTF-8") from None
 
 
 def check_path(path: str) -> bool:
@@ -139,48 +146,49 @@ class SetupParameters:
     implementation: str | None = None
     unknown: tuple[KeyValuePair, ...] = ()
 
-    def _pairs(self) -> list[KeyValuePair]:
-        t = SetupParameterType
+    def _pairs(self, profile: Profile) -> list[KeyValuePair]:
+        t, code = SetupParameter, profile.setup_parameters.code
         pairs: list[KeyValuePair] = []
         if self.path is not None:
-            pairs.append(KeyValuePair(t.PATH, self.path.encode("utf-8")))
+            pairs.append(KeyValuePair(code(t.PATH), self.path.encode("utf-8")))
         if self.max_request_id is not None:
-            pairs.append(KeyValuePair(t.MAX_REQUEST_ID, self.max_request_id))
-        pairs += [KeyValuePair(t.AUTHORIZATION_TOKEN, tok.encode()) for tok in self.authorization_tokens]
+            pairs.append(KeyValuePair(code(t.MAX_REQUEST_ID), self.max_request_id))
+        pairs += [KeyValuePair(code(t.AUTHORIZATION_TOKEN), tok.encode(profile)) for tok in self.authorization_tokens]
         if self.max_auth_token_cache_size is not None:
-            pairs.append(KeyValuePair(t.MAX_AUTH_TOKEN_CACHE_SIZE, self.max_auth_token_cache_size))
+            pairs.append(KeyValuePair(code(t.MAX_AUTH_TOKEN_CACHE_SIZE), self.max_auth_token_cache_size))
         if self.authority is not None:
-            pairs.append(KeyValuePair(t.AUTHORITY, self.authority.encode("utf-8")))
+            pairs.append(KeyValuePair(code(t.AUTHORITY), self.authority.encode("utf-8")))
         if self.implementation is not None:
-            pairs.append(KeyValuePair(t.MOQT_IMPLEMENTATION, self.implementation.encode("utf-8")))
-        return pairs + list(self.unknown)
+            pairs.append(KeyValuePair(code(t.MOQT_IMPLEMENTATION), self.implementation.encode("utf-8")))
+        return sorted(pairs, key=_type_of) + list(self.unknown)
 
-    def encode(self, writer: Writer) -> None:
-        pairs = self._pairs()
+    def encode(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
+        pairs = self._pairs(profile)
         writer.push_varint(len(pairs))
         for pair in pairs:
             pair.encode(writer)
 
     @classmethod
     def decode(cls, reader: Reader, profile: Profile = DRAFT_14) -> SetupParameters:
-        t = SetupParameterType
-        ints: dict[int, int] = {}
-        texts: dict[int, str] = {}
+        t = SetupParameter
+        ints: dict[SetupParameter, int] = {}
+        texts: dict[SetupParameter, str] = {}
         tokens: list[AuthToken] = []
         unknown: list[KeyValuePair] = []
         seen: set[int] = set()
         for pair in _iter_kvps(reader, profile.max_kvp_value_length):
             value = pair.value
-            if pair.type not in SetupParameterType._value2member_map_:
+            kind = profile.setup_parameters.name(pair.type)
+            if kind is None:
                 unknown.append(pair)
             elif isinstance(value, int):
                 _once(seen, pair.type)
-                ints[pair.type] = value
-            elif pair.type == t.AUTHORIZATION_TOKEN:
-                tokens.append(AuthToken.decode(value))
+                ints[kind] = value
+            elif kind is t.AUTHORIZATION_TOKEN:
+                tokens.append(AuthToken.decode(value, profile))
             else:
                 _once(seen, pair.type)
-                texts[pair.type] = _setup_text(pair.type, value)
+                texts[kind] = _setup_text(kind, value)
         return cls(
             path=texts.get(t.PATH),
             max_request_id=ints.get(t.MAX_REQUEST_ID),
@@ -192,17 +200,17 @@ class SetupParameters:
         )
 
 
-def _setup_text(kind: int, raw: bytes) -> str:
+def _setup_text(kind: SetupParameter, raw: bytes) -> str:
     """PATH and AUTHORITY must be well-formed URI parts; the implementation name is free text."""
-    if kind == SetupParameterType.PATH:
-        path = _decode_text(raw, SessionErrorCode.MALFORMED_PATH, "PATH")
+    if kind is SetupParameter.PATH:
+        path = _decode_text(raw, SessionError.MALFORMED_PATH, "PATH")
         if not check_path(path):
-            raise ProtocolViolation(SessionErrorCode.MALFORMED_PATH, "PATH is not a URI path")
+            raise ProtocolViolation(SessionError.MALFORMED_PATH, "PATH is not a URI path")
         return path
-    if kind == SetupParameterType.AUTHORITY:
-        authority = _decode_text(raw, SessionErrorCode.MALFORMED_AUTHORITY, "AUTHORITY")
+    if kind is SetupParameter.AUTHORITY:
+        authority = _decode_text(raw, SessionError.MALFORMED_AUTHORITY, "AUTHORITY")
         if not check_authority(authority):
-            raise ProtocolViolation(SessionErrorCode.MALFORMED_AUTHORITY, "AUTHORITY is not a URI authority")
+            raise ProtocolViolation(SessionError.MALFORMED_AUTHORITY, "AUTHORITY is not a URI authority")
         return authority
     return raw.decode("utf-8", "replace")
 
@@ -224,41 +232,41 @@ class RequestParameters:
             if value is not None and not 0 <= value <= VARINT_MAX:
                 raise ValueError(f"parameter value {value} outside the varint range")
 
-    def _pairs(self) -> list[KeyValuePair]:
-        t = VersionParameterType
+    def _pairs(self, profile: Profile) -> list[KeyValuePair]:
+        t, code = RequestParameter, profile.request_parameters.code
         pairs: list[KeyValuePair] = []
         if self.delivery_timeout is not None:
-            pairs.append(KeyValuePair(t.DELIVERY_TIMEOUT, self.delivery_timeout))
-        pairs += [KeyValuePair(t.AUTHORIZATION_TOKEN, tok.encode()) for tok in self.authorization_tokens]
+            pairs.append(KeyValuePair(code(t.DELIVERY_TIMEOUT), self.delivery_timeout))
+        pairs += [KeyValuePair(code(t.AUTHORIZATION_TOKEN), tok.encode(profile)) for tok in self.authorization_tokens]
         if self.max_cache_duration is not None:
-            pairs.append(KeyValuePair(t.MAX_CACHE_DURATION, self.max_cache_duration))
-        return pairs + list(self.unknown)
+            pairs.append(KeyValuePair(code(t.MAX_CACHE_DURATION), self.max_cache_duration))
+        return sorted(pairs, key=_type_of) + list(self.unknown)
 
-    def encode(self, writer: Writer) -> None:
-        pairs = self._pairs()
+    def encode(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
+        pairs = self._pairs(profile)
         writer.push_varint(len(pairs))
         for pair in pairs:
             pair.encode(writer)
 
     @classmethod
-    def decode(cls, reader: Reader, message_type: int, profile: Profile = DRAFT_14) -> RequestParameters:
-        """Parameters of ``message_type``; a known parameter outside its scope is kept as unknown."""
-        t = VersionParameterType
+    def decode(cls, reader: Reader, message: MessageKind, profile: Profile = DRAFT_14) -> RequestParameters:
+        """Parameters of ``message``; a known parameter outside its scope is kept as unknown."""
+        t = RequestParameter
         delivery: int | None = None
         cache: int | None = None
         tokens: list[AuthToken] = []
         unknown: list[KeyValuePair] = []
         seen: set[int] = set()
         for pair in _iter_kvps(reader, profile.max_kvp_value_length):
-            scope = profile.parameter_scope.get(pair.type)
-            if scope is None or message_type not in scope:
+            kind = profile.request_parameters.name(pair.type)
+            if kind is None or message not in profile.parameter_scope.get(kind, ()):
                 unknown.append(pair)
-            elif pair.type == t.AUTHORIZATION_TOKEN and isinstance(pair.value, bytes):
-                tokens.append(AuthToken.decode(pair.value))
-            elif pair.type == t.DELIVERY_TIMEOUT and isinstance(pair.value, int):
+            elif kind is t.AUTHORIZATION_TOKEN and isinstance(pair.value, bytes):
+                tokens.append(AuthToken.decode(pair.value, profile))
+            elif kind is t.DELIVERY_TIMEOUT and isinstance(pair.value, int):
                 _once(seen, pair.type)
                 delivery = pair.value
-            elif pair.type == t.MAX_CACHE_DURATION and isinstance(pair.value, int):
+            elif kind is t.MAX_CACHE_DURATION and isinstance(pair.value, int):
                 _once(seen, pair.type)
                 cache = pair.value
             else:  # a parameter type the profile scopes but this decoder does not know

@@ -11,7 +11,7 @@ import datetime
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from typing import Any, Final, TypeVar, cast
 
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
@@ -21,10 +21,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from moqt.events import MoqtEvent
+from moqt.events import ControlMessageReceived, MoqtEvent, SessionTerminated
 from moqt.messages import ClientSetup, ControlMessage, ControlStreamParser, ServerSetup
 from moqt.params import SetupParameters
-from moqt.profile import DRAFT_14
+from moqt.profiles import DRAFT_14
 from moqt.session import MoqtSession
 
 CLIENT_ADDR: Final = ("10.0.0.1", 4433)
@@ -233,3 +233,34 @@ def established_session(*, is_client: bool, **options: Any) -> tuple[MoqtSession
     if not session.is_established:
         raise RuntimeError("setup failed")
     return session, quic
+
+
+E = TypeVar("E", bound=MoqtEvent)
+
+
+def only(events: list[MoqtEvent], kind: type[E]) -> list[E]:
+    """The events of one kind, in order."""
+    return [e for e in events if isinstance(e, kind)]
+
+
+def received_messages(events: list[MoqtEvent]) -> list[ControlMessage]:
+    """The control messages the session let through to the application."""
+    return [e.message for e in events if isinstance(e, ControlMessageReceived)]
+
+
+def terminated(events: list[MoqtEvent]) -> SessionTerminated:
+    """The one ``SessionTerminated`` among ``events`` (raises unless there is exactly one)."""
+    ends = only(events, SessionTerminated)
+    if len(ends) != 1:
+        raise AssertionError(f"expected one SessionTerminated, got {events!r:.300}")
+    return ends[0]
+
+
+def established_server(**options: Any) -> tuple[MoqtSession, RecordingQuic]:
+    """A server session over a ``RecordingQuic``, past setup."""
+    return established_session(is_client=False, **options)
+
+
+def established_client(**options: Any) -> tuple[MoqtSession, RecordingQuic]:
+    """A client session over a ``RecordingQuic``, past setup."""
+    return established_session(is_client=True, **options)

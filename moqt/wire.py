@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from moqt.errors import NeedMoreData, ProtocolViolation
-from moqt.profile import SessionErrorCode
+from moqt.kinds import SessionError
 
 VARINT_MAX: Final = (1 << 62) - 1
 MAX_NAMESPACE_FIELDS: Final = 32
@@ -28,7 +28,7 @@ MAX_KVP_VALUE_LENGTH: Final = 0xFFFF
 Namespace: TypeAlias = tuple[bytes, ...]
 Bytes: TypeAlias = bytes | bytearray | memoryview
 
-_PV: Final = SessionErrorCode.PROTOCOL_VIOLATION
+_PV: Final = SessionError.PROTOCOL_VIOLATION
 
 
 def varint_size(value: int) -> int:
@@ -94,12 +94,6 @@ class Reader:
         self._pos += 1
         return value
 
-    def pull_uint16(self) -> int:
-        self._need(2)
-        value = (self._data[self._pos] << 8) | self._data[self._pos + 1]
-        self._pos += 2
-        return value
-
     def pull_varint(self) -> int:
         self._need(1)
         first = self._data[self._pos]
@@ -118,16 +112,16 @@ class Reader:
         self._pos += count
         return view
 
-    def pull_length(self, limit: int, what: str, error_code: int = _PV) -> int:
-        """A varint length, refused (with ``error_code``) when above ``limit`` -- before any wait."""
+    def pull_length(self, limit: int, what: str, error: SessionError = _PV) -> int:
+        """A varint length, refused (with ``error``) when above ``limit`` -- before any wait."""
         length = self.pull_varint()
         if length > limit:
-            raise ProtocolViolation(error_code, f"{what} length {length} exceeds {limit}")
+            raise ProtocolViolation(error, f"{what} length {length} exceeds {limit}")
         return length
 
-    def pull_length_prefixed(self, limit: int, what: str, error_code: int = _PV) -> memoryview:
+    def pull_length_prefixed(self, limit: int, what: str, error: SessionError = _PV) -> memoryview:
         """A ``(b)`` field: varint length (at most ``limit``) then that many octets."""
-        length = self.pull_length(limit, what, error_code)
+        length = self.pull_length(limit, what, error)
         return self.pull_bytes(length)
 
 
@@ -273,10 +267,10 @@ def encode_kvps(pairs: tuple[KeyValuePair, ...] | list[KeyValuePair]) -> bytes:
 
 
 def decode_kvp_block(data: Bytes, *, max_value_length: int = MAX_KVP_VALUE_LENGTH,
-                     error_code: int = _PV) -> tuple[KeyValuePair, ...]:
+                     error: SessionError = _PV) -> tuple[KeyValuePair, ...]:
     """Key-Value-Pairs that exactly fill ``data`` (an Extension Headers block, Immutable Extensions).
 
-    A pair that runs past the end is a framing error reported with ``error_code``.
+    A pair that runs past the end is a framing error reported with ``error``.
     """
     reader = Reader(data)
     pairs: list[KeyValuePair] = []
@@ -284,7 +278,7 @@ def decode_kvp_block(data: Bytes, *, max_value_length: int = MAX_KVP_VALUE_LENGT
         while not reader.at_end():
             pairs.append(KeyValuePair.decode(reader, max_value_length=max_value_length))
     except NeedMoreData:
-        raise ProtocolViolation(error_code, "Key-Value-Pair runs past the end of its block") from None
+        raise ProtocolViolation(error, "Key-Value-Pair runs past the end of its block") from None
     return tuple(pairs)
 
 

@@ -15,8 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
 
-from moqt.api import MoqtObject
-from moqt.api._logic import fetch_stop
+from moqt.tracks import MoqtObject, fetch_stop
 from moqt.wire import VARINT_MAX, Location, Namespace
 
 T = TypeVar("T")

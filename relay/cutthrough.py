@@ -21,11 +21,10 @@ which bounds what the relay holds for it (`moqt.api.ReceiveBufferFull` ends the 
 from __future__ import annotations
 
 from moqt.api import Endpoint, Link
-from moqt.api._logic import ObjectAssembler, RequestTracker
-from moqt.api.objects import MoqtObject
 from moqt.errors import MoqtError
 from moqt.events import ObjectChunkReceived
 from moqt.messages import FetchOk
+from moqt.tracks import MoqtObject, ObjectAssembler, RequestTracker
 
 
 class CutThrough:

@@ -25,10 +25,10 @@ from moqt.api import (
     SubscriptionEnded,
     TransferError,
 )
-from moqt.api._logic import NORMAL_END, GroupLog
 from moqt.errors import LocalError
 from moqt.messages import SubscribeOk
 from moqt.profile import PublishDoneCode, StreamResetCode
+from moqt.tracks import NORMAL_END, GroupLog
 from moqt.wire import Location
 from relay.core import QueueItem, RelayStats, SendQueue, TrackEnd, TrackKey, objects_from
 

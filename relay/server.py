@@ -43,9 +43,9 @@ from moqt.api import (
     TransferError,
     token_namespaces,
 )
-from moqt.api._logic import ObjectAssembler, RequestKind, RequestTracker, subscription_start
 from moqt.errors import LocalError, MoqtError
 from moqt.events import SetupRequested
+from moqt.kinds import RequestError, SessionError, StreamReset
 from moqt.messages import (
     ControlMessage,
     Fetch,
@@ -58,18 +58,9 @@ from moqt.messages import (
     SubscribeNamespace,
     UnsubscribeNamespace,
 )
-from moqt.profile import (
-    FetchErrorCode,
-    FilterType,
-    GroupOrder,
-    PublishErrorCode,
-    PublishNamespaceErrorCode,
-    SessionErrorCode,
-    StreamResetCode,
-    SubscribeErrorCode,
-    SubscribeNamespaceErrorCode,
-)
+from moqt.profile import FilterType, GroupOrder, SessionErrorCode
 from moqt.session import MoqtSession
+from moqt.tracks import ObjectAssembler, RequestKind, RequestTracker, subscription_start
 from moqt.wire import Location, Namespace
 from relay.core import NamespaceTable, ObjectCache, RelayStats, TrackKey, is_prefix
 from relay.cutthrough import CutThrough, ForwardingAssembler, flush
@@ -123,11 +114,11 @@ class Relay(Publisher):
         session, request_id, request = endpoint.session, message.request_id, message.standalone
         try:
             if request is None:
-                session.fetch_error(request_id, FetchErrorCode.NOT_SUPPORTED, "joining FETCH is not relayed")
+                session.fetch_error(request_id, RequestError.NOT_SUPPORTED, "joining FETCH is not relayed")
                 return
             if not self.allowed(endpoint, request.track_namespace, Action.FETCH):
                 self.stats.refused += 1
-                session.fetch_error(request_id, FetchErrorCode.UNAUTHORIZED, "not authorized for this namespace")
+                session.fetch_error(request_id, RequestError.UNAUTHORIZED, "not authorized for this namespace")
                 return
             key = (request.track_namespace, request.track_name)
             hit = await self._from_cache(key, request)
@@ -173,7 +164,7 @@ class Relay(Publisher):
         session, request_id = endpoint.session, message.request_id
         candidates = self.route(request.track_namespace, exclude=endpoint)
         if not candidates:
-            session.fetch_error(request_id, FetchErrorCode.TRACK_DOES_NOT_EXIST, "no publisher for this namespace")
+            session.fetch_error(request_id, RequestError.TRACK_DOES_NOT_EXIST, "no publisher for this namespace")
             return
         flight_key = (request.track_namespace, request.track_name, request.start, request.end)
         flight = self._flights.setdefault(flight_key, asyncio.get_running_loop().create_future())
@@ -204,7 +195,7 @@ class Relay(Publisher):
         except (LocalError, TransferError) as exc:  # that session takes no more requests (blocked, GOAWAY, lost)
             if not last:
                 return False
-            session.fetch_error(request_id, FetchErrorCode.INTERNAL_ERROR, f"no upstream takes the FETCH: {exc}")
+            session.fetch_error(request_id, RequestError.INTERNAL_ERROR, f"no upstream takes the FETCH: {exc}")
             return True
         try:
             async with upstream_fetch as objects:
@@ -230,9 +221,9 @@ class Relay(Publisher):
         except (TransferError, TimeoutError) as exc:
             log.info("upstream FETCH failed: %s", exc)
             if cut.stream is None:
-                session.fetch_error(request_id, FetchErrorCode.INTERNAL_ERROR, "the upstream FETCH failed")
+                session.fetch_error(request_id, RequestError.INTERNAL_ERROR, "the upstream FETCH failed")
             else:
-                session.reset_stream(cut.stream, StreamResetCode.INTERNAL_ERROR)
+                session.reset_stream(cut.stream, StreamReset.INTERNAL_ERROR)
             return True
         finally:
             cut.error = cut.error or LocalError("the FETCH is over")  # no more writes from late pieces
@@ -259,12 +250,12 @@ class Relay(Publisher):
         try:
             if not self.allowed(endpoint, message.track_namespace, Action.SUBSCRIBE):
                 self.stats.refused += 1
-                session.subscribe_error(request_id, SubscribeErrorCode.UNAUTHORIZED,
+                session.subscribe_error(request_id, RequestError.UNAUTHORIZED,
                                         "not authorized for this namespace")
                 return
             track = self.tracks.get(key) or self._open_track(key, endpoint, message)
             if track is None:
-                session.subscribe_error(request_id, SubscribeErrorCode.TRACK_DOES_NOT_EXIST,
+                session.subscribe_error(request_id, RequestError.TRACK_DOES_NOT_EXIST,
                                         "no publisher for this namespace")
                 return
             try:
@@ -273,7 +264,7 @@ class Relay(Publisher):
                 session.subscribe_error(request_id, exc.code, exc.reason)
                 return
             except (MoqtError, TimeoutError):
-                session.subscribe_error(request_id, SubscribeErrorCode.INTERNAL_ERROR,
+                session.subscribe_error(request_id, RequestError.INTERNAL_ERROR,
                                         "the upstream subscription failed")
                 return
             largest = track.largest
@@ -332,11 +323,11 @@ class Relay(Publisher):
     def _on_publish_namespace(self, endpoint: Endpoint, request_id: int, namespace: Namespace) -> None:
         session = endpoint.session
         if self.draining:
-            session.publish_namespace_error(request_id, PublishNamespaceErrorCode.UNINTERESTED, "relay draining")
+            session.publish_namespace_error(request_id, RequestError.UNINTERESTED, "relay draining")
             return
         if not self.allowed(endpoint, namespace, Action.PUBLISH_NAMESPACE):
             self.stats.refused += 1
-            session.publish_namespace_error(request_id, PublishNamespaceErrorCode.UNAUTHORIZED,
+            session.publish_namespace_error(request_id, RequestError.UNAUTHORIZED,
                                             "not authorized to publish this namespace")
             return
         self.table.add(namespace, endpoint)
@@ -365,7 +356,7 @@ class Relay(Publisher):
 
     def _on_subscribe_namespace(self, endpoint: Endpoint, request_id: int, prefix: Namespace) -> None:
         if endpoint.link.peer_identity is None:
-            endpoint.session.subscribe_namespace_error(request_id, SubscribeNamespaceErrorCode.UNAUTHORIZED,
+            endpoint.session.subscribe_namespace_error(request_id, RequestError.UNAUTHORIZED,
                                                        "not authenticated")
             return
         endpoint.session.subscribe_namespace_ok(request_id)
@@ -387,10 +378,10 @@ class Relay(Publisher):
         key = (message.track_namespace, message.track_name)
         if not self.allowed(endpoint, message.track_namespace, Action.PUBLISH_NAMESPACE):
             self.stats.refused += 1
-            session.publish_error(request_id, PublishErrorCode.UNAUTHORIZED, "not authorized to publish this track")
+            session.publish_error(request_id, RequestError.UNAUTHORIZED, "not authorized to publish this track")
             return
         if key in self.tracks or self.draining:
-            session.publish_error(request_id, PublishErrorCode.UNINTERESTED, "the track is already relayed")
+            session.publish_error(request_id, RequestError.UNINTERESTED, "the track is already relayed")
             return
         session.publish_ok(request_id, filter_type=FilterType.ABSOLUTE_START, start_location=Location(0, 0))
         tracker = RequestTracker(RequestKind.SUBSCRIBE)
@@ -405,7 +396,7 @@ class Relay(Publisher):
     def on_setup(self, endpoint: Endpoint, event: SetupRequested) -> None:
         """As a publisher's, but a draining relay takes no new sessions (its peers reconnect elsewhere)."""
         if self.draining:
-            endpoint.session.reject_setup(SessionErrorCode.INTERNAL_ERROR, "relay draining")
+            endpoint.session.reject_setup(SessionError.INTERNAL_ERROR, "relay draining")
             endpoint.link.transmit_soon()
             endpoint.terminated(SessionErrorCode.INTERNAL_ERROR, "relay draining")
             return

@@ -43,7 +43,7 @@ from moqt.api import MoqtObject, Publisher, PublisherSettings, StoredTrack
 from moqt.errors import MoqtError
 from moqt.quic import EndpointConfig, MoqtUri, QuicSettings
 from moqt.wire import Location, Namespace
-from relay.upstream import UpstreamLink
+from moqt.api import UpstreamLink
 
 log = logging.getLogger("kvsp.holder.moqt")
 

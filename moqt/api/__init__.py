@@ -8,39 +8,42 @@
   `SubscriptionEnded`, `TransferError` (and its `StreamResetError`, `SessionLostError`,
   `MalformedTrackError`, `ReceiveBufferFull`), `SetupRefused`.
 * ``moqt.api.memory.MemoryNet`` runs both over an in-memory pair for tests.
+* `UpstreamLink`: a session to a relay kept up with backoff (relays' upstreams, holders' rack relay).
+
+The values, errors and decisions without I/O live in ``moqt.tracks`` (import-clean) and are
+re-exported here for callers of the asyncio API; sans-I/O code imports them from ``moqt.tracks``.
 """
 
-from moqt.api._endpoint import ControlServing, Endpoint, Link
-from moqt.api._logic import Allocator
-from moqt.api.errors import (
+from moqt.api.endpoint import ControlServing, Endpoint, Link
+from moqt.api.live import LiveTrack
+from moqt.api.publisher import Publisher, PublisherSettings
+from moqt.api.subscriber import ObjectStream, Subscriber, subscriber_session
+from moqt.api.upstream import UpstreamLink, backoff_delay
+from moqt.tracks import (
+    Action,
+    Allocator,
+    Authorizer,
     FetchRefused,
     MalformedTrackError,
+    MemoryTrack,
+    MemoryTrackSource,
     MoqtApiError,
+    MoqtObject,
     NamespaceRefused,
     ReceiveBufferFull,
     RequestRefused,
     SessionLostError,
     SetupRefused,
+    StoredTrack,
     StreamResetError,
     SubscribeRefused,
     SubscriptionEnded,
-    TransferError,
-)
-from moqt.api.live import LiveTrack
-from moqt.api.objects import (
-    Action,
-    Authorizer,
-    MemoryTrack,
-    MemoryTrackSource,
-    MoqtObject,
-    StoredTrack,
     TokenRule,
     TrackSource,
+    TransferError,
     allow_authenticated,
     token_namespaces,
 )
-from moqt.api.publisher import Publisher, PublisherSettings
-from moqt.api.subscriber import ObjectStream, Subscriber, subscriber_session
 
 __all__ = [
     "Action",
@@ -72,7 +75,9 @@ __all__ = [
     "TokenRule",
     "TrackSource",
     "TransferError",
+    "UpstreamLink",
     "allow_authenticated",
+    "backoff_delay",
     "subscriber_session",
     "token_namespaces",
 ]

@@ -15,12 +15,11 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from moqt.api._endpoint import Endpoint
-from moqt.api._logic import GroupLog, LiveGroup
-from moqt.api.objects import MoqtObject, view
+from moqt.api.endpoint import Endpoint
 from moqt.data import Extensions
 from moqt.errors import LocalError
 from moqt.profile import PublishDoneCode, StreamResetCode
+from moqt.tracks import GroupLog, LiveGroup, MoqtObject, view
 from moqt.wire import Bytes, Location, Namespace
 
 log = logging.getLogger("moqt.api.live")

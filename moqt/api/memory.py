@@ -22,8 +22,9 @@ from moqt.api.publisher import Publisher
 from moqt.api.subscriber import Subscriber
 from moqt.events import MoqtEvent
 from moqt.params import AuthToken, SetupParameters
+from moqt.quic.aioquic_hooks import send_buffered
 from moqt.testing import MoqtPair, Peer
-from moqt.tls import PeerAuthentication, send_buffered
+from moqt.tls import PeerAuthentication
 
 Handler = Callable[[MoqtEvent], None]
 

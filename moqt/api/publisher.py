@@ -23,18 +23,8 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
-from moqt.api._endpoint import DEFAULT_INBOX_OCTETS, Endpoint, Link
-from moqt.api._logic import check_fetch, fetch_ok_end, fetch_stop, subscription_start
+from moqt.api.endpoint import DEFAULT_INBOX_OCTETS, Endpoint, Link
 from moqt.api.live import LiveTrack, send_subscription
-from moqt.api.objects import (
-    Action,
-    Authorizer,
-    MoqtObject,
-    StoredTrack,
-    TokenRule,
-    TrackSource,
-    token_namespaces,
-)
 from moqt.auth import AuthError
 from moqt.errors import LocalError
 from moqt.events import MoqtEvent, SetupRequested
@@ -43,6 +33,19 @@ from moqt.params import AuthToken, SetupParameters
 from moqt.profile import FetchErrorCode, GroupOrder, SessionErrorCode, StreamResetCode, SubscribeErrorCode
 from moqt.quic import EndpointConfig, MoqtConnection, MoqtServer, MoqtUri, connect, serve
 from moqt.session import MoqtSession
+from moqt.tracks import (
+    Action,
+    Authorizer,
+    MoqtObject,
+    StoredTrack,
+    TokenRule,
+    TrackSource,
+    check_fetch,
+    fetch_ok_end,
+    fetch_stop,
+    subscription_start,
+    token_namespaces,
+)
 from moqt.wire import Namespace
 
 log = logging.getLogger("moqt.api.publisher")

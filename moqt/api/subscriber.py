@@ -13,7 +13,7 @@ Objects are yielded as soon as their last octet arrives. Payloads are views: of 
 when an object came in one piece, else of the one buffer it was assembled into -- the caller's, when
 an ``allocate`` callback says where (a slot of a block buffer), so that no second copy is ever made.
 What the consumer has not taken yet is bounded (``max_inbox_octets``); beyond it the request is
-cancelled with `ReceiveBufferFull`. Errors are the typed ones of ``moqt.api.errors``; a request that
+cancelled with `ReceiveBufferFull`. Errors are the typed ones of ``moqt.tracks.errors``; a request that
 is abandoned (``break``, an exception, a timeout) is cancelled at the publisher (FETCH_CANCEL /
 UNSUBSCRIBE).
 """
@@ -26,9 +26,7 @@ from typing import Final
 
 from aioquic.quic.connection import QuicConnection
 
-from moqt.api._endpoint import DEFAULT_INBOX_OCTETS, Endpoint, Inbox, Link
-from moqt.api._logic import Allocator, ObjectAssembler, RequestKind, RequestTracker
-from moqt.api.objects import MoqtObject
+from moqt.api.endpoint import DEFAULT_INBOX_OCTETS, Endpoint, Inbox, Link
 from moqt.api.publisher import TOKEN_TYPE
 from moqt.events import MoqtEvent
 from moqt.messages import ControlMessage
@@ -36,6 +34,7 @@ from moqt.params import AuthToken, SetupParameters
 from moqt.profile import FilterType, GroupOrder, SessionErrorCode
 from moqt.quic import EndpointConfig, MoqtConnection, MoqtUri, connect
 from moqt.session import MoqtSession
+from moqt.tracks import Allocator, MoqtObject, ObjectAssembler, RequestKind, RequestTracker
 from moqt.wire import Location, Namespace
 
 FIRST: Final = Location(0, 0)

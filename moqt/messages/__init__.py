@@ -1,9 +1,8 @@
-"""Draft-14 control messages as frozen slotted dataclasses, their codec and the control stream parser."""
+"""MOQT control messages as frozen slotted dataclasses, their codec and the control stream parser."""
 
 from moqt.messages.base import ControlMessage, MessageTooLarge, RequestErrorMessage, RequestIdMessage
 from moqt.messages.codec import (
     ALL_MESSAGES,
-    REGISTRY,
     ControlStreamParser,
     decode_message,
     encode_message,
@@ -39,7 +38,6 @@ from moqt.messages.subscribe import (
 
 __all__ = [
     "ALL_MESSAGES",
-    "REGISTRY",
     "ClientSetup",
     "ControlMessage",
     "ControlStreamParser",

@@ -11,7 +11,8 @@ from dataclasses import Field, dataclass
 from typing import Any, ClassVar, Final, Self
 
 from moqt.errors import LocalError, ProtocolViolation
-from moqt.profile import DRAFT_14, GroupOrder, MessageType, Profile, SessionErrorCode
+from moqt.kinds import GroupOrder, MessageKind, SessionError
+from moqt.profiles import DRAFT_14, Profile
 from moqt.wire import (
     Location,
     Namespace,
@@ -25,7 +26,7 @@ from moqt.wire import (
     push_reason_phrase,
 )
 
-_PV: Final = SessionErrorCode.PROTOCOL_VIOLATION
+_PV: Final = SessionError.PROTOCOL_VIOLATION
 
 
 class MessageTooLarge(LocalError, ValueError):
@@ -33,10 +34,10 @@ class MessageTooLarge(LocalError, ValueError):
 
 
 class ControlMessage:
-    """A control message; concrete messages are frozen slotted dataclasses with a ``TYPE``."""
+    """A control message: a frozen slotted dataclass with a ``KIND``; the profile gives its number."""
 
     __slots__ = ()
-    TYPE: ClassVar[MessageType]
+    KIND: ClassVar[MessageKind]
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # every concrete message is a dataclass
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
@@ -51,10 +52,10 @@ class ControlMessage:
         payload = Writer()
         self.encode_payload(payload, profile)
         if len(payload) > profile.max_control_message_length:
-            raise MessageTooLarge(f"{self.TYPE.name} payload of {len(payload)} octets exceeds "
+            raise MessageTooLarge(f"{self.KIND.value} payload of {len(payload)} octets exceeds "
                                   f"{profile.max_control_message_length}")
         frame = Writer()
-        frame.push_varint(self.TYPE)
+        frame.push_varint(profile.message_types.code(self.KIND))
         frame.push_uint16(len(payload))
         frame.push_bytes(payload.getvalue())
         return frame.getvalue()
@@ -68,12 +69,13 @@ def pull_flag(reader: Reader, what: str) -> bool:
     return value == 1
 
 
-def pull_group_order(reader: Reader, *, allow_default: bool) -> GroupOrder:
-    """Group Order: 1 or 2; 0 (publisher's order) only where the message is a request."""
+def pull_group_order(reader: Reader, profile: Profile, *, allow_default: bool) -> GroupOrder:
+    """Group Order: ascending or descending; the publisher's order only where the message is a request."""
     value = reader.pull_uint8()
-    if value > 2 or (value == 0 and not allow_default):
+    order = profile.group_orders.name(value)
+    if order is None or (order is GroupOrder.PUBLISHER_DEFAULT and not allow_default):
         raise ProtocolViolation(_PV, f"Group Order {value} not allowed here")
-    return GroupOrder(value)
+    return order
 
 
 def check_response_group_order(order: GroupOrder) -> None:

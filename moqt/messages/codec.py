@@ -7,11 +7,13 @@ Why the parser buffers raw octets and copies each payload out: control messages 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
 from moqt.errors import NeedMoreData, ProtocolViolation
+from moqt.kinds import SessionError
 from moqt.messages.base import ControlMessage
 from moqt.messages.fetch import Fetch, FetchCancel, FetchError, FetchOk
 from moqt.messages.namespace import (
@@ -38,10 +40,10 @@ from moqt.messages.subscribe import (
     TrackStatusOk,
     Unsubscribe,
 )
-from moqt.profile import DRAFT_14, Profile, SessionErrorCode
+from moqt.profiles import DRAFT_14, Profile
 from moqt.wire import Reader
 
-_PV: Final = SessionErrorCode.PROTOCOL_VIOLATION
+_PV: Final = SessionError.PROTOCOL_VIOLATION
 
 ALL_MESSAGES: Final[tuple[type[ControlMessage], ...]] = (
     ClientSetup, ServerSetup, GoAway, MaxRequestId, RequestsBlocked,
@@ -53,14 +55,11 @@ ALL_MESSAGES: Final[tuple[type[ControlMessage], ...]] = (
     SubscribeNamespace, SubscribeNamespaceOk, SubscribeNamespaceError, UnsubscribeNamespace,
 )
 
-#: Message classes by wire type, per draft number (draft-16 adds its own row).
-REGISTRY: Final[Mapping[int, Mapping[int, type[ControlMessage]]]] = MappingProxyType({
-    14: MappingProxyType({int(cls.TYPE): cls for cls in ALL_MESSAGES}),
-})
-
-
+@functools.cache
 def message_classes(profile: Profile) -> Mapping[int, type[ControlMessage]]:
-    return REGISTRY[profile.draft]
+    """Message classes by this profile's wire type (a message the draft lacks is not decoded)."""
+    codes = profile.message_types.codes
+    return MappingProxyType({codes[cls.KIND]: cls for cls in ALL_MESSAGES if cls.KIND in codes})
 
 
 def decode_message(message_type: int, payload: bytes | memoryview, profile: Profile = DRAFT_14) -> ControlMessage:
@@ -72,9 +71,9 @@ def decode_message(message_type: int, payload: bytes | memoryview, profile: Prof
     try:
         message = cls.decode_payload(reader, profile)
     except NeedMoreData:
-        raise ProtocolViolation(_PV, f"{cls.TYPE.name} is longer than its Message Length") from None
+        raise ProtocolViolation(_PV, f"{cls.KIND.value} is longer than its Message Length") from None
     if not reader.at_end():
-        raise ProtocolViolation(_PV, f"{cls.TYPE.name} is shorter than its Message Length")
+        raise ProtocolViolation(_PV, f"{cls.KIND.value} is shorter than its Message Length")
     return message
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Self
 
 from moqt.errors import ProtocolViolation
+from moqt.kinds import FetchType, GroupOrder, MessageKind, SessionError
 from moqt.messages.base import (
     ControlMessage,
     RequestErrorMessage,
@@ -18,7 +19,7 @@ from moqt.messages.base import (
     read_full_track_name,
 )
 from moqt.params import RequestParameters
-from moqt.profile import DRAFT_14, FetchType, GroupOrder, MessageType, Profile, SessionErrorCode
+from moqt.profiles import DRAFT_14, Profile
 from moqt.wire import Location, Namespace, Reader, Writer
 
 
@@ -49,7 +50,7 @@ class JoiningFetch:
 class Fetch(ControlMessage):
     """FETCH (0x16, section 9.16): exactly one of ``standalone``/``joining``, as ``fetch_type`` says."""
 
-    TYPE: ClassVar[MessageType] = MessageType.FETCH
+    KIND: ClassVar[MessageKind] = MessageKind.FETCH
     request_id: int
     fetch_type: FetchType
     standalone: StandaloneFetch | None = None
@@ -77,8 +78,8 @@ class Fetch(ControlMessage):
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
         writer.push_varint(self.request_id)
         writer.push_uint8(self.subscriber_priority)
-        writer.push_uint8(self.group_order)
-        writer.push_varint(self.fetch_type)
+        writer.push_uint8(profile.group_orders.code(self.group_order))
+        writer.push_varint(profile.fetch_types.code(self.fetch_type))
         if self.standalone is not None:
             push_full_track_name(writer, self.standalone.track_namespace, self.standalone.track_name)
             self.standalone.start.encode(writer)
@@ -86,24 +87,24 @@ class Fetch(ControlMessage):
         if self.joining is not None:
             writer.push_varint(self.joining.joining_request_id)
             writer.push_varint(self.joining.joining_start)
-        self.parameters.encode(writer)
+        self.parameters.encode(writer, profile)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
         priority = reader.pull_uint8()
-        order = pull_group_order(reader, allow_default=True)
+        order = pull_group_order(reader, profile, allow_default=True)
         raw_type = reader.pull_varint()
-        if raw_type not in FetchType._value2member_map_:
-            raise ProtocolViolation(SessionErrorCode.PROTOCOL_VIOLATION, f"unknown Fetch Type {raw_type}")
-        fetch_type = FetchType(raw_type)
+        fetch_type = profile.fetch_types.name(raw_type)
+        if fetch_type is None:
+            raise ProtocolViolation(SessionError.PROTOCOL_VIOLATION, f"unknown Fetch Type {raw_type}")
         standalone = joining = None
         if fetch_type == FetchType.STANDALONE:
             namespace, name = read_full_track_name(reader, profile)
             standalone = StandaloneFetch(namespace, name, Location.decode(reader), Location.decode(reader))
         else:
             joining = JoiningFetch(reader.pull_varint(), reader.pull_varint())
-        params = RequestParameters.decode(reader, cls.TYPE, profile)
+        params = RequestParameters.decode(reader, cls.KIND, profile)
         return cls(request_id, fetch_type, standalone, joining, priority, order, params)
 
 
@@ -111,7 +112,7 @@ class Fetch(ControlMessage):
 class FetchOk(ControlMessage):
     """FETCH_OK (0x18, section 9.17): Group Order, End Of Track, End Location, Parameters."""
 
-    TYPE: ClassVar[MessageType] = MessageType.FETCH_OK
+    KIND: ClassVar[MessageKind] = MessageKind.FETCH_OK
     request_id: int
     end_location: Location
     group_order: GroupOrder = GroupOrder.ASCENDING
@@ -123,29 +124,29 @@ class FetchOk(ControlMessage):
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
         writer.push_varint(self.request_id)
-        writer.push_uint8(self.group_order)
+        writer.push_uint8(profile.group_orders.code(self.group_order))
         writer.push_uint8(int(self.end_of_track))
         self.end_location.encode(writer)
-        self.parameters.encode(writer)
+        self.parameters.encode(writer, profile)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
-        order = pull_group_order(reader, allow_default=False)
+        order = pull_group_order(reader, profile, allow_default=False)
         end_of_track = pull_flag(reader, "End Of Track")
         end = Location.decode(reader)
-        return cls(request_id, end, order, end_of_track, RequestParameters.decode(reader, cls.TYPE, profile))
+        return cls(request_id, end, order, end_of_track, RequestParameters.decode(reader, cls.KIND, profile))
 
 
 @dataclass(frozen=True, slots=True)
 class FetchError(RequestErrorMessage):
     """FETCH_ERROR (0x19); codes in ``FetchErrorCode``."""
 
-    TYPE: ClassVar[MessageType] = MessageType.FETCH_ERROR
+    KIND: ClassVar[MessageKind] = MessageKind.FETCH_ERROR
 
 
 @dataclass(frozen=True, slots=True)
 class FetchCancel(RequestIdMessage):
     """FETCH_CANCEL (0x17)."""
 
-    TYPE: ClassVar[MessageType] = MessageType.FETCH_CANCEL
+    KIND: ClassVar[MessageKind] = MessageKind.FETCH_CANCEL

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Self
 
+from moqt.kinds import MessageKind
 from moqt.messages.base import ControlMessage, RequestErrorMessage, RequestIdMessage, read_namespace
 from moqt.params import RequestParameters
-from moqt.profile import DRAFT_14, MessageType, Profile
+from moqt.profiles import DRAFT_14, Profile
 from moqt.wire import Namespace, Reader, Writer, check_namespace, pull_reason_phrase, push_namespace, push_reason_phrase
 
 
@@ -15,7 +16,7 @@ from moqt.wire import Namespace, Reader, Writer, check_namespace, pull_reason_ph
 class PublishNamespace(ControlMessage):
     """PUBLISH_NAMESPACE (0x6): Request ID, Track Namespace, Parameters."""
 
-    TYPE: ClassVar[MessageType] = MessageType.PUBLISH_NAMESPACE
+    KIND: ClassVar[MessageKind] = MessageKind.PUBLISH_NAMESPACE
     request_id: int
     track_namespace: Namespace
     parameters: RequestParameters = field(default_factory=RequestParameters)
@@ -26,34 +27,34 @@ class PublishNamespace(ControlMessage):
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
         writer.push_varint(self.request_id)
         push_namespace(writer, self.track_namespace)
-        self.parameters.encode(writer)
+        self.parameters.encode(writer, profile)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
         namespace = read_namespace(reader, profile)
-        return cls(request_id, namespace, RequestParameters.decode(reader, cls.TYPE, profile))
+        return cls(request_id, namespace, RequestParameters.decode(reader, cls.KIND, profile))
 
 
 @dataclass(frozen=True, slots=True)
 class PublishNamespaceOk(RequestIdMessage):
     """PUBLISH_NAMESPACE_OK (0x7)."""
 
-    TYPE: ClassVar[MessageType] = MessageType.PUBLISH_NAMESPACE_OK
+    KIND: ClassVar[MessageKind] = MessageKind.PUBLISH_NAMESPACE_OK
 
 
 @dataclass(frozen=True, slots=True)
 class PublishNamespaceError(RequestErrorMessage):
     """PUBLISH_NAMESPACE_ERROR (0x8); codes in ``PublishNamespaceErrorCode``."""
 
-    TYPE: ClassVar[MessageType] = MessageType.PUBLISH_NAMESPACE_ERROR
+    KIND: ClassVar[MessageKind] = MessageKind.PUBLISH_NAMESPACE_ERROR
 
 
 @dataclass(frozen=True, slots=True)
 class PublishNamespaceDone(ControlMessage):
     """PUBLISH_NAMESPACE_DONE (0x9): only the Track Namespace (no Request ID in draft-14)."""
 
-    TYPE: ClassVar[MessageType] = MessageType.PUBLISH_NAMESPACE_DONE
+    KIND: ClassVar[MessageKind] = MessageKind.PUBLISH_NAMESPACE_DONE
     track_namespace: Namespace
 
     def __post_init__(self) -> None:
@@ -71,7 +72,7 @@ class PublishNamespaceDone(ControlMessage):
 class PublishNamespaceCancel(ControlMessage):
     """PUBLISH_NAMESPACE_CANCEL (0xC): Track Namespace, Error Code, Error Reason."""
 
-    TYPE: ClassVar[MessageType] = MessageType.PUBLISH_NAMESPACE_CANCEL
+    KIND: ClassVar[MessageKind] = MessageKind.PUBLISH_NAMESPACE_CANCEL
     track_namespace: Namespace
     error_code: int
     reason: str = ""
@@ -94,7 +95,7 @@ class PublishNamespaceCancel(ControlMessage):
 class SubscribeNamespace(ControlMessage):
     """SUBSCRIBE_NAMESPACE (0x11): Request ID, Track Namespace Prefix (1..32 fields), Parameters."""
 
-    TYPE: ClassVar[MessageType] = MessageType.SUBSCRIBE_NAMESPACE
+    KIND: ClassVar[MessageKind] = MessageKind.SUBSCRIBE_NAMESPACE
     request_id: int
     track_namespace_prefix: Namespace
     parameters: RequestParameters = field(default_factory=RequestParameters)
@@ -105,34 +106,34 @@ class SubscribeNamespace(ControlMessage):
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
         writer.push_varint(self.request_id)
         push_namespace(writer, self.track_namespace_prefix)
-        self.parameters.encode(writer)
+        self.parameters.encode(writer, profile)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
         prefix = read_namespace(reader, profile)
-        return cls(request_id, prefix, RequestParameters.decode(reader, cls.TYPE, profile))
+        return cls(request_id, prefix, RequestParameters.decode(reader, cls.KIND, profile))
 
 
 @dataclass(frozen=True, slots=True)
 class SubscribeNamespaceOk(RequestIdMessage):
     """SUBSCRIBE_NAMESPACE_OK (0x12)."""
 
-    TYPE: ClassVar[MessageType] = MessageType.SUBSCRIBE_NAMESPACE_OK
+    KIND: ClassVar[MessageKind] = MessageKind.SUBSCRIBE_NAMESPACE_OK
 
 
 @dataclass(frozen=True, slots=True)
 class SubscribeNamespaceError(RequestErrorMessage):
     """SUBSCRIBE_NAMESPACE_ERROR (0x13); codes in ``SubscribeNamespaceErrorCode``."""
 
-    TYPE: ClassVar[MessageType] = MessageType.SUBSCRIBE_NAMESPACE_ERROR
+    KIND: ClassVar[MessageKind] = MessageKind.SUBSCRIBE_NAMESPACE_ERROR
 
 
 @dataclass(frozen=True, slots=True)
 class UnsubscribeNamespace(ControlMessage):
     """UNSUBSCRIBE_NAMESPACE (0x14): only the Track Namespace Prefix."""
 
-    TYPE: ClassVar[MessageType] = MessageType.UNSUBSCRIBE_NAMESPACE
+    KIND: ClassVar[MessageKind] = MessageKind.UNSUBSCRIBE_NAMESPACE
     track_namespace_prefix: Namespace
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Self
 
+from moqt.kinds import FilterType, GroupOrder, MessageKind
 from moqt.messages.base import (
     ControlMessage,
     RequestErrorMessage,
@@ -23,7 +24,7 @@ from moqt.messages.base import (
 )
 from moqt.messages.subscribe import check_filter, pull_filter, push_filter
 from moqt.params import RequestParameters
-from moqt.profile import DRAFT_14, FilterType, GroupOrder, MessageType, Profile
+from moqt.profiles import DRAFT_14, Profile
 from moqt.wire import Location, Namespace, Reader, Writer
 
 
@@ -31,7 +32,7 @@ from moqt.wire import Location, Namespace, Reader, Writer
 class Publish(ControlMessage):
     """PUBLISH (0x1D); ``largest_location`` is None when Content Exists is 0."""
 
-    TYPE: ClassVar[MessageType] = MessageType.PUBLISH
+    KIND: ClassVar[MessageKind] = MessageKind.PUBLISH
     request_id: int
     track_namespace: Namespace
     track_name: bytes
@@ -49,20 +50,20 @@ class Publish(ControlMessage):
         writer.push_varint(self.request_id)
         push_full_track_name(writer, self.track_namespace, self.track_name)
         writer.push_varint(self.track_alias)
-        writer.push_uint8(self.group_order)
+        writer.push_uint8(profile.group_orders.code(self.group_order))
         push_optional_location(writer, self.largest_location)
         writer.push_uint8(int(self.forward))
-        self.parameters.encode(writer)
+        self.parameters.encode(writer, profile)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
         namespace, name = read_full_track_name(reader, profile)
         alias = reader.pull_varint()
-        order = pull_group_order(reader, allow_default=False)
+        order = pull_group_order(reader, profile, allow_default=False)
         largest = pull_optional_location(reader)
         forward = pull_flag(reader, "Forward")
-        params = RequestParameters.decode(reader, cls.TYPE, profile)
+        params = RequestParameters.decode(reader, cls.KIND, profile)
         return cls(request_id, namespace, name, alias, order, largest, forward, params)
 
 
@@ -70,7 +71,7 @@ class Publish(ControlMessage):
 class PublishOk(ControlMessage):
     """PUBLISH_OK (0x1E): Forward, Subscriber Priority, Group Order, then a SUBSCRIBE-style filter."""
 
-    TYPE: ClassVar[MessageType] = MessageType.PUBLISH_OK
+    KIND: ClassVar[MessageKind] = MessageKind.PUBLISH_OK
     request_id: int
     forward: bool = True
     subscriber_priority: int = 128
@@ -90,18 +91,18 @@ class PublishOk(ControlMessage):
         writer.push_varint(self.request_id)
         writer.push_uint8(int(self.forward))
         writer.push_uint8(self.subscriber_priority)
-        writer.push_uint8(self.group_order)
-        push_filter(writer, self.filter_type, self.start_location, self.end_group)
-        self.parameters.encode(writer)
+        writer.push_uint8(profile.group_orders.code(self.group_order))
+        push_filter(writer, profile, self.filter_type, self.start_location, self.end_group)
+        self.parameters.encode(writer, profile)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
         forward = pull_flag(reader, "Forward")
         priority = reader.pull_uint8()
-        order = pull_group_order(reader, allow_default=False)
-        filter_type, start, end = pull_filter(reader)
-        params = RequestParameters.decode(reader, cls.TYPE, profile)
+        order = pull_group_order(reader, profile, allow_default=False)
+        filter_type, start, end = pull_filter(reader, profile)
+        params = RequestParameters.decode(reader, cls.KIND, profile)
         return cls(request_id, forward, priority, order, filter_type, start, end, params)
 
 
@@ -109,4 +110,4 @@ class PublishOk(ControlMessage):
 class PublishError(RequestErrorMessage):
     """PUBLISH_ERROR (0x1F); codes in ``PublishErrorCode``."""
 
-    TYPE: ClassVar[MessageType] = MessageType.PUBLISH_ERROR
+    KIND: ClassVar[MessageKind] = MessageKind.PUBLISH_ERROR

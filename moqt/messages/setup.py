@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Self
 
 from moqt.errors import ProtocolViolation
+from moqt.kinds import MessageKind, SessionError
 from moqt.messages.base import ControlMessage
 from moqt.params import SetupParameters
-from moqt.profile import DRAFT_14, MessageType, Profile, SessionErrorCode
+from moqt.profiles import DRAFT_14, Profile
 from moqt.wire import Reader, Writer
 
 
@@ -16,7 +17,7 @@ from moqt.wire import Reader, Writer
 class ClientSetup(ControlMessage):
     """CLIENT_SETUP (section 9.3): Number of Supported Versions, Supported Versions, Setup Parameters."""
 
-    TYPE: ClassVar[MessageType] = MessageType.CLIENT_SETUP
+    KIND: ClassVar[MessageKind] = MessageKind.CLIENT_SETUP
     supported_versions: tuple[int, ...]
     parameters: SetupParameters = field(default_factory=SetupParameters)
 
@@ -24,7 +25,7 @@ class ClientSetup(ControlMessage):
         writer.push_varint(len(self.supported_versions))
         for version in self.supported_versions:
             writer.push_varint(version)
-        self.parameters.encode(writer)
+        self.parameters.encode(writer, profile)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
@@ -38,13 +39,13 @@ class ClientSetup(ControlMessage):
 class ServerSetup(ControlMessage):
     """SERVER_SETUP (section 9.3): Selected Version, Setup Parameters."""
 
-    TYPE: ClassVar[MessageType] = MessageType.SERVER_SETUP
+    KIND: ClassVar[MessageKind] = MessageKind.SERVER_SETUP
     selected_version: int
     parameters: SetupParameters = field(default_factory=SetupParameters)
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
         writer.push_varint(self.selected_version)
-        self.parameters.encode(writer)
+        self.parameters.encode(writer, profile)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
@@ -55,7 +56,7 @@ class ServerSetup(ControlMessage):
 class GoAway(ControlMessage):
     """GOAWAY (section 9.4): New Session URI (at most 8192 octets; empty = reuse the current URI)."""
 
-    TYPE: ClassVar[MessageType] = MessageType.GOAWAY
+    KIND: ClassVar[MessageKind] = MessageKind.GOAWAY
     new_session_uri: str = ""
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
@@ -70,14 +71,14 @@ class GoAway(ControlMessage):
         try:
             return cls(str(raw, "utf-8"))
         except UnicodeDecodeError:
-            raise ProtocolViolation(SessionErrorCode.PROTOCOL_VIOLATION, "New Session URI is not UTF-8") from None
+            raise ProtocolViolation(SessionError.PROTOCOL_VIOLATION, "New Session URI is not UTF-8") from None
 
 
 @dataclass(frozen=True, slots=True)
 class MaxRequestId(ControlMessage):
     """MAX_REQUEST_ID (section 9.5): the new Maximum Request ID plus 1 (requests use IDs below it)."""
 
-    TYPE: ClassVar[MessageType] = MessageType.MAX_REQUEST_ID
+    KIND: ClassVar[MessageKind] = MessageKind.MAX_REQUEST_ID
     request_id: int
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
@@ -92,7 +93,7 @@ class MaxRequestId(ControlMessage):
 class RequestsBlocked(ControlMessage):
     """REQUESTS_BLOCKED (section 9.6): the Maximum Request ID the sender is blocked on."""
 
-    TYPE: ClassVar[MessageType] = MessageType.REQUESTS_BLOCKED
+    KIND: ClassVar[MessageKind] = MessageKind.REQUESTS_BLOCKED
     maximum_request_id: int
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:

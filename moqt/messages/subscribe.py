@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Self
 
 from moqt.errors import ProtocolViolation
+from moqt.kinds import FilterType, GroupOrder, MessageKind, SessionError
 from moqt.messages.base import (
     ControlMessage,
     RequestErrorMessage,
@@ -21,7 +22,7 @@ from moqt.messages.base import (
     read_full_track_name,
 )
 from moqt.params import RequestParameters
-from moqt.profile import DRAFT_14, FilterType, GroupOrder, MessageType, Profile, SessionErrorCode
+from moqt.profiles import DRAFT_14, Profile
 from moqt.wire import VARINT_MAX, Location, Namespace, Reader, Writer, pull_reason_phrase, push_reason_phrase
 
 
@@ -32,19 +33,20 @@ def check_filter(filter_type: FilterType, start: Location | None, end_group: int
         raise ValueError(f"filter {filter_type.name} does not match start={start} end_group={end_group}")
 
 
-def push_filter(writer: Writer, filter_type: FilterType, start: Location | None, end_group: int | None) -> None:
-    writer.push_varint(filter_type)
+def push_filter(writer: Writer, profile: Profile, filter_type: FilterType, start: Location | None,
+                end_group: int | None) -> None:
+    writer.push_varint(profile.filter_types.code(filter_type))
     if start is not None:
         start.encode(writer)
     if end_group is not None:
         writer.push_varint(end_group)
 
 
-def pull_filter(reader: Reader) -> tuple[FilterType, Location | None, int | None]:
+def pull_filter(reader: Reader, profile: Profile) -> tuple[FilterType, Location | None, int | None]:
     raw = reader.pull_varint()
-    if raw not in FilterType._value2member_map_:
-        raise ProtocolViolation(SessionErrorCode.PROTOCOL_VIOLATION, f"unknown Filter Type {raw}")
-    filter_type = FilterType(raw)
+    filter_type = profile.filter_types.name(raw)
+    if filter_type is None:
+        raise ProtocolViolation(SessionError.PROTOCOL_VIOLATION, f"unknown Filter Type {raw}")
     start = end = None
     if filter_type in (FilterType.ABSOLUTE_START, FilterType.ABSOLUTE_RANGE):
         start = Location.decode(reader)
@@ -78,20 +80,20 @@ class SubscribeBody(ControlMessage):
         writer.push_varint(self.request_id)
         push_full_track_name(writer, self.track_namespace, self.track_name)
         writer.push_uint8(self.subscriber_priority)
-        writer.push_uint8(self.group_order)
+        writer.push_uint8(profile.group_orders.code(self.group_order))
         writer.push_uint8(int(self.forward))
-        push_filter(writer, self.filter_type, self.start_location, self.end_group)
-        self.parameters.encode(writer)
+        push_filter(writer, profile, self.filter_type, self.start_location, self.end_group)
+        self.parameters.encode(writer, profile)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
         namespace, name = read_full_track_name(reader, profile)
         priority = reader.pull_uint8()
-        order = pull_group_order(reader, allow_default=True)
+        order = pull_group_order(reader, profile, allow_default=True)
         forward = pull_flag(reader, "Forward")
-        filter_type, start, end = pull_filter(reader)
-        params = RequestParameters.decode(reader, cls.TYPE, profile)
+        filter_type, start, end = pull_filter(reader, profile)
+        params = RequestParameters.decode(reader, cls.KIND, profile)
         return cls(request_id, namespace, name, priority, order, forward, filter_type, start, end, params)
 
 
@@ -99,14 +101,14 @@ class SubscribeBody(ControlMessage):
 class Subscribe(SubscribeBody):
     """SUBSCRIBE (0x3)."""
 
-    TYPE: ClassVar[MessageType] = MessageType.SUBSCRIBE
+    KIND: ClassVar[MessageKind] = MessageKind.SUBSCRIBE
 
 
 @dataclass(frozen=True, slots=True)
 class TrackStatus(SubscribeBody):
     """TRACK_STATUS (0xD): same format as SUBSCRIBE; creates no subscription."""
 
-    TYPE: ClassVar[MessageType] = MessageType.TRACK_STATUS
+    KIND: ClassVar[MessageKind] = MessageKind.TRACK_STATUS
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,46 +129,46 @@ class SubscribeOkBody(ControlMessage):
         writer.push_varint(self.request_id)
         writer.push_varint(self.track_alias)
         writer.push_varint(self.expires)
-        writer.push_uint8(self.group_order)
+        writer.push_uint8(profile.group_orders.code(self.group_order))
         push_optional_location(writer, self.largest_location)
-        self.parameters.encode(writer)
+        self.parameters.encode(writer, profile)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
         alias = reader.pull_varint()
         expires = reader.pull_varint()
-        order = pull_group_order(reader, allow_default=False)
+        order = pull_group_order(reader, profile, allow_default=False)
         largest = pull_optional_location(reader)
-        return cls(request_id, alias, expires, order, largest, RequestParameters.decode(reader, cls.TYPE, profile))
+        return cls(request_id, alias, expires, order, largest, RequestParameters.decode(reader, cls.KIND, profile))
 
 
 @dataclass(frozen=True, slots=True)
 class SubscribeOk(SubscribeOkBody):
     """SUBSCRIBE_OK (0x4)."""
 
-    TYPE: ClassVar[MessageType] = MessageType.SUBSCRIBE_OK
+    KIND: ClassVar[MessageKind] = MessageKind.SUBSCRIBE_OK
 
 
 @dataclass(frozen=True, slots=True)
 class TrackStatusOk(SubscribeOkBody):
     """TRACK_STATUS_OK (0xE): same format as SUBSCRIBE_OK, Track Alias set to 0."""
 
-    TYPE: ClassVar[MessageType] = MessageType.TRACK_STATUS_OK
+    KIND: ClassVar[MessageKind] = MessageKind.TRACK_STATUS_OK
 
 
 @dataclass(frozen=True, slots=True)
 class SubscribeError(RequestErrorMessage):
     """SUBSCRIBE_ERROR (0x5); codes in ``SubscribeErrorCode``."""
 
-    TYPE: ClassVar[MessageType] = MessageType.SUBSCRIBE_ERROR
+    KIND: ClassVar[MessageKind] = MessageKind.SUBSCRIBE_ERROR
 
 
 @dataclass(frozen=True, slots=True)
 class TrackStatusError(RequestErrorMessage):
     """TRACK_STATUS_ERROR (0xF): same format and codes as SUBSCRIBE_ERROR."""
 
-    TYPE: ClassVar[MessageType] = MessageType.TRACK_STATUS_ERROR
+    KIND: ClassVar[MessageKind] = MessageKind.TRACK_STATUS_ERROR
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +179,7 @@ class SubscribeUpdate(ControlMessage):
     End Group plus 1, with 0 meaning open-ended.
     """
 
-    TYPE: ClassVar[MessageType] = MessageType.SUBSCRIBE_UPDATE
+    KIND: ClassVar[MessageKind] = MessageKind.SUBSCRIBE_UPDATE
     request_id: int
     subscription_request_id: int
     start_location: Location
@@ -199,7 +201,7 @@ class SubscribeUpdate(ControlMessage):
         writer.push_varint(0 if self.end_group is None else self.end_group + 1)
         writer.push_uint8(self.subscriber_priority)
         writer.push_uint8(int(self.forward))
-        self.parameters.encode(writer)
+        self.parameters.encode(writer, profile)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
@@ -209,7 +211,7 @@ class SubscribeUpdate(ControlMessage):
         end_plus_one = reader.pull_varint()
         priority = reader.pull_uint8()
         forward = pull_flag(reader, "Forward")
-        params = RequestParameters.decode(reader, cls.TYPE, profile)
+        params = RequestParameters.decode(reader, cls.KIND, profile)
         end = None if end_plus_one == 0 else end_plus_one - 1
         return cls(request_id, subscription, start, end, priority, forward, params)
 
@@ -218,14 +220,14 @@ class SubscribeUpdate(ControlMessage):
 class Unsubscribe(RequestIdMessage):
     """UNSUBSCRIBE (0xA): the Request ID of the subscription."""
 
-    TYPE: ClassVar[MessageType] = MessageType.UNSUBSCRIBE
+    KIND: ClassVar[MessageKind] = MessageKind.UNSUBSCRIBE
 
 
 @dataclass(frozen=True, slots=True)
 class PublishDone(ControlMessage):
     """PUBLISH_DONE (0xB, section 9.12); ``stream_count`` 2^62-1 means "unknown"."""
 
-    TYPE: ClassVar[MessageType] = MessageType.PUBLISH_DONE
+    KIND: ClassVar[MessageKind] = MessageKind.PUBLISH_DONE
     request_id: int
     status_code: int
     stream_count: int
@@ -241,3 +243,14 @@ class PublishDone(ControlMessage):
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         return cls(reader.pull_varint(), reader.pull_varint(), reader.pull_varint(),
                    pull_reason_phrase(reader, profile.max_reason_phrase_length))
+
+
+def filter_start(filter_type: FilterType | None, start: Location | None, largest: Location | None) -> Location | None:
+    """The subscription's Start Location once the publisher's Largest Location is known."""
+    if filter_type in (FilterType.ABSOLUTE_START, FilterType.ABSOLUTE_RANGE):
+        return start
+    if largest is None:
+        return Location(0, 0)
+    if filter_type == FilterType.LARGEST_OBJECT:
+        return Location(largest.group, largest.object + 1)
+    return Location(largest.group + 1, 0)

@@ -12,11 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from moqt._core import Request, RequestKind, SessionCore
-from moqt._datastreams import DataReceiver
-from moqt._tokens import ResolvedToken, TokenCache
 from moqt.errors import ProtocolViolation
 from moqt.events import ControlMessageReceived
+from moqt.kinds import FilterType, MessageKind, RequestError, SessionError
 from moqt.messages import (
     ControlMessage,
     Fetch,
@@ -48,34 +46,22 @@ from moqt.messages import (
     Unsubscribe,
     UnsubscribeNamespace,
 )
-from moqt.params import RequestParameters
-from moqt.profile import FetchErrorCode, FilterType, SessionErrorCode, SubscribeNamespaceErrorCode
-from moqt.wire import Location, Namespace
+from moqt.messages.subscribe import filter_start
+from moqt.params import RequestParameters, ResolvedToken
+from moqt.session.data_streams import DataReceiver
+from moqt.session.request_state import Origin, RequestKind
+from moqt.session.requests import Request, namespaces_overlap
+from moqt.session.state import SessionState
+from moqt.session.tokens import TokenCache
+from moqt.wire import Namespace
 
-_PV: Final = SessionErrorCode.PROTOCOL_VIOLATION
-
-
-def namespaces_overlap(a: Namespace, b: Namespace) -> bool:
-    """True when one namespace tuple is a prefix of (or equal to) the other."""
-    n = min(len(a), len(b))
-    return a[:n] == b[:n]
-
-
-def filter_start(filter_type: FilterType | None, start: Location | None, largest: Location | None) -> Location | None:
-    """The subscription's Start Location once the publisher's Largest Location is known."""
-    if filter_type in (FilterType.ABSOLUTE_START, FilterType.ABSOLUTE_RANGE):
-        return start
-    if largest is None:
-        return Location(0, 0)
-    if filter_type == FilterType.LARGEST_OBJECT:
-        return Location(largest.group, largest.object + 1)
-    return Location(largest.group + 1, 0)
+_PV: Final = SessionError.PROTOCOL_VIOLATION
 
 
 class ControlHandler:
     """Dispatch for every post-setup control message the peer may send."""
 
-    def __init__(self, core: SessionCore, data: DataReceiver, tokens: TokenCache) -> None:
+    def __init__(self, core: SessionState, data: DataReceiver, tokens: TokenCache) -> None:
         self._core = core
         self._data = data
         self._tokens = tokens
@@ -100,7 +86,7 @@ class ControlHandler:
     def handle(self, message: ControlMessage) -> None:
         handler = self._handlers.get(type(message))
         if handler is None:
-            raise ProtocolViolation(_PV, f"{message.TYPE.name} after setup")
+            raise ProtocolViolation(_PV, f"{message.KIND.value} after setup")
         parameters = getattr(message, "parameters", None)
         tokens = parameters.authorization_tokens if isinstance(parameters, RequestParameters) else ()
         # registrations take effect even when the message itself then fails (draft-14 9.2.1.1)
@@ -149,8 +135,8 @@ class ControlHandler:
         assert msg.joining is not None
         target = core.requests.get(msg.joining.joining_request_id)
         if target is None or target.kind != RequestKind.SUBSCRIBE or target.local:
-            core.send_control(FetchError(msg.request_id, FetchErrorCode.INVALID_JOINING_REQUEST_ID,
-                                         "no such subscription"))
+            code = core.profile.request_error_code(MessageKind.FETCH_ERROR, RequestError.INVALID_JOINING_REQUEST_ID)
+            core.send_control(FetchError(msg.request_id, code, "no such subscription"))
             return
         if target.filter_type != FilterType.LARGEST_OBJECT:
             raise ProtocolViolation(_PV, "joining FETCH of a subscription whose filter is not Largest Object")
@@ -178,8 +164,9 @@ class ControlHandler:
         for other in core.requests.values():
             if other.kind == RequestKind.SUBSCRIBE_NAMESPACE and not other.local \
                     and namespaces_overlap(other.namespace, msg.track_namespace_prefix):
-                core.send_control(SubscribeNamespaceError(
-                    msg.request_id, SubscribeNamespaceErrorCode.NAMESPACE_PREFIX_OVERLAP, "overlapping prefix"))
+                code = core.profile.request_error_code(MessageKind.SUBSCRIBE_NAMESPACE_ERROR,
+                                                       RequestError.NAMESPACE_PREFIX_OVERLAP)
+                core.send_control(SubscribeNamespaceError(msg.request_id, code, "overlapping prefix"))
                 return
         self._register(Request(msg.request_id, RequestKind.SUBSCRIBE_NAMESPACE, False, msg.track_namespace_prefix))
         self._emit(msg)
@@ -192,8 +179,7 @@ class ControlHandler:
             if core.existed(msg.subscription_request_id):
                 return  # the subscription is over; the update no longer matters
             raise ProtocolViolation(_PV, f"SUBSCRIBE_UPDATE of unknown Request ID {msg.subscription_request_id}")
-        if not target.we_publish:
-            raise ProtocolViolation(_PV, "SUBSCRIBE_UPDATE of a request that is not a subscription to us")
+        target.step(Origin.PEER, MessageKind.SUBSCRIBE_UPDATE)
         if target.start is not None and msg.start_location < target.start:
             raise ProtocolViolation(_PV, "SUBSCRIBE_UPDATE moved the Start Location back")
         if target.end_group is not None and (msg.end_group is None or msg.end_group > target.end_group):
@@ -204,20 +190,21 @@ class ControlHandler:
         self._emit(msg)
 
     # -- answers to our requests -----------------------------------------------------------------
-    def _answer(self, request_id: int, kind: RequestKind, name: str) -> Request | None:
+    def _answer(self, request_id: int, message: MessageKind) -> Request | None:
         """The open local request this answer is for; None when we had already cancelled it."""
         request = self._core.requests.get(request_id)
-        if request is None or not request.local or request.kind != kind or request.answered:
-            raise ProtocolViolation(_PV, f"{name} for Request ID {request_id}, which awaits no such answer")
-        request.answered = True
-        if request.cancelled:
+        if request is None:
+            raise ProtocolViolation(_PV, f"{message.value} for Request ID {request_id}, which awaits no answer")
+        was_cancelled = request.cancelled
+        request.step(Origin.PEER, message)
+        if was_cancelled:
             self._core.remove_request(request)
             return None
         return request
 
     def _on_subscribe_ok(self, msg: SubscribeOk) -> None:
         core = self._core
-        request = self._answer(msg.request_id, RequestKind.SUBSCRIBE, "SUBSCRIBE_OK")
+        request = self._answer(msg.request_id, msg.KIND)
         if request is None:
             return
         core.register_inbound_alias(msg.track_alias, msg.request_id)
@@ -228,19 +215,19 @@ class ControlHandler:
         self._data.alias_known(msg.track_alias)
 
     def _on_subscribe_error(self, msg: SubscribeError) -> None:
-        request = self._answer(msg.request_id, RequestKind.SUBSCRIBE, "SUBSCRIBE_ERROR")
+        request = self._answer(msg.request_id, msg.KIND)
         if request is not None:
             self._core.remove_request(request)
             self._emit(msg)
 
     def _on_track_status_answer(self, msg: TrackStatusOk | TrackStatusError) -> None:
-        request = self._answer(msg.request_id, RequestKind.TRACK_STATUS, msg.TYPE.name)
+        request = self._answer(msg.request_id, msg.KIND)
         if request is not None:
             self._core.remove_request(request)
             self._emit(msg)
 
     def _on_publish_ok(self, msg: PublishOk) -> None:
-        request = self._answer(msg.request_id, RequestKind.PUBLISH, "PUBLISH_OK")
+        request = self._answer(msg.request_id, msg.KIND)
         if request is None:
             return
         request.forward, request.group_order = msg.forward, msg.group_order
@@ -249,14 +236,14 @@ class ControlHandler:
         self._emit(msg)
 
     def _on_publish_error(self, msg: PublishError) -> None:
-        request = self._answer(msg.request_id, RequestKind.PUBLISH, "PUBLISH_ERROR")
+        request = self._answer(msg.request_id, msg.KIND)
         if request is not None:
             self._core.reset_request_streams(request)
             self._core.remove_request(request)
             self._emit(msg)
 
     def _on_fetch_ok(self, msg: FetchOk) -> None:
-        request = self._answer(msg.request_id, RequestKind.FETCH, "FETCH_OK")
+        request = self._answer(msg.request_id, msg.KIND)
         if request is None:
             return
         if request.fetch_start is not None and msg.end_location < request.fetch_start:
@@ -267,80 +254,72 @@ class ControlHandler:
         self._emit(msg)
 
     def _on_fetch_error(self, msg: FetchError) -> None:
-        request = self._answer(msg.request_id, RequestKind.FETCH, "FETCH_ERROR")
+        request = self._answer(msg.request_id, msg.KIND)
         if request is not None:
             self._data.drop_request_streams(request.request_id)
             self._core.remove_request(request)
             self._emit(msg)
 
     def _on_namespace_ok(self, msg: PublishNamespaceOk | SubscribeNamespaceOk) -> None:
-        kind = RequestKind.PUBLISH_NAMESPACE if isinstance(msg, PublishNamespaceOk) else RequestKind.SUBSCRIBE_NAMESPACE
-        if self._answer(msg.request_id, kind, msg.TYPE.name) is not None:
+        if self._answer(msg.request_id, msg.KIND) is not None:
             self._emit(msg)
 
     def _on_namespace_error(self, msg: PublishNamespaceError | SubscribeNamespaceError) -> None:
-        kind = (RequestKind.PUBLISH_NAMESPACE if isinstance(msg, PublishNamespaceError)
-                else RequestKind.SUBSCRIBE_NAMESPACE)
-        request = self._answer(msg.request_id, kind, msg.TYPE.name)
+        request = self._answer(msg.request_id, msg.KIND)
         if request is not None:
             self._core.remove_request(request)
             self._emit(msg)
 
     # -- ends of requests ------------------------------------------------------------------------
-    def _ending(self, request_id: int, name: str, accept: Callable[[Request], bool]) -> Request | None:
+    def _ending(self, request_id: int, message: MessageKind) -> Request | None:
         """The request a cancel/done message ends; None when it is already over (a harmless race)."""
         core = self._core
         request = core.requests.get(request_id)
         if request is None:
             if core.existed(request_id):
                 return None
-            raise ProtocolViolation(_PV, f"{name} for unknown Request ID {request_id}")
-        if not accept(request):
-            raise ProtocolViolation(_PV, f"{name} for Request ID {request_id} of the wrong kind")
+            raise ProtocolViolation(_PV, f"{message.value} for unknown Request ID {request_id}")
+        request.step(Origin.PEER, message)
         return request
 
     def _on_unsubscribe(self, msg: Unsubscribe) -> None:
-        request = self._ending(msg.request_id, "UNSUBSCRIBE", lambda r: r.we_publish)
+        request = self._ending(msg.request_id, msg.KIND)
         if request is not None:
             self._core.reset_request_streams(request)
             self._core.remove_request(request)
             self._emit(msg)
 
     def _on_publish_done(self, msg: PublishDone) -> None:
-        request = self._ending(msg.request_id, "PUBLISH_DONE", lambda r: r.we_subscribe)
+        request = self._ending(msg.request_id, msg.KIND)
         if request is not None:
             self._core.finish_subscription(request, msg.stream_count)
             self._emit(msg)
 
     def _on_fetch_cancel(self, msg: FetchCancel) -> None:
-        request = self._ending(msg.request_id, "FETCH_CANCEL", lambda r: r.kind == RequestKind.FETCH and not r.local)
+        request = self._ending(msg.request_id, msg.KIND)
         if request is not None:
             self._core.reset_request_streams(request)
             self._core.remove_request(request)
             self._emit(msg)
 
-    def _find(self, kind: RequestKind, local: bool, namespace: Namespace) -> Request | None:
+    def _end_namespace(self, kind: RequestKind, namespace: Namespace, message: MessageKind) -> None:
+        """The namespace messages name no Request ID: end the request they may end, if there is one."""
         for request in self._core.requests.values():
-            if request.kind == kind and request.local == local and request.namespace == namespace:
-                return request
-        return None
+            if request.kind == kind and request.namespace == namespace and request.allows(Origin.PEER, message):
+                request.step(Origin.PEER, message)
+                self._core.remove_request(request)
+                return
 
     def _on_publish_namespace_done(self, msg: PublishNamespaceDone) -> None:
-        request = self._find(RequestKind.PUBLISH_NAMESPACE, False, msg.track_namespace)
-        if request is not None:
-            self._core.remove_request(request)
+        self._end_namespace(RequestKind.PUBLISH_NAMESPACE, msg.track_namespace, msg.KIND)
         self._emit(msg)
 
     def _on_publish_namespace_cancel(self, msg: PublishNamespaceCancel) -> None:
-        request = self._find(RequestKind.PUBLISH_NAMESPACE, True, msg.track_namespace)
-        if request is not None:
-            self._core.remove_request(request)
+        self._end_namespace(RequestKind.PUBLISH_NAMESPACE, msg.track_namespace, msg.KIND)
         self._emit(msg)
 
     def _on_unsubscribe_namespace(self, msg: UnsubscribeNamespace) -> None:
-        request = self._find(RequestKind.SUBSCRIBE_NAMESPACE, False, msg.track_namespace_prefix)
-        if request is not None:
-            self._core.remove_request(request)
+        self._end_namespace(RequestKind.SUBSCRIBE_NAMESPACE, msg.track_namespace_prefix, msg.KIND)
         self._emit(msg)
 
     # -- session-level ---------------------------------------------------------------------------

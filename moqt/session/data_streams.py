@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from moqt._core import InboundStream, Request, RequestKind, SessionCore
 from moqt.data import (
     DataEvent,
     DataStreamParser,
@@ -32,18 +31,21 @@ from moqt.events import (
     ObjectReceived,
     ObjectSource,
 )
+from moqt.kinds import GroupOrder, SessionError
 from moqt.messages import FetchCancel, Unsubscribe
-from moqt.profile import GroupOrder, SessionErrorCode
+from moqt.session.request_state import Origin, RequestKind
+from moqt.session.requests import Request
+from moqt.session.state import InboundStream, SessionState
 from moqt.wire import Location
 
-_PV: Final = SessionErrorCode.PROTOCOL_VIOLATION
+_PV: Final = SessionError.PROTOCOL_VIOLATION
 _EMPTY: Final = memoryview(b"")
 
 
 class DataReceiver:
     """Turns inbound data-stream octets and datagrams into ``ObjectReceived`` (and friends)."""
 
-    def __init__(self, core: SessionCore, *, partial: bool) -> None:
+    def __init__(self, core: SessionState, *, partial: bool) -> None:
         self._core = core
         self.partial = partial
 
@@ -54,7 +56,7 @@ class DataReceiver:
         if stream is None:
             stream = InboundStream(stream_id, DataStreamParser(
                 max_object_size=core.limits.max_object_size,
-                max_extensions_length=core.limits.max_extensions_length))
+                max_extensions_length=core.limits.max_extensions_length, profile=core.profile))
             core.inbound[stream_id] = stream
         if stream.ignored:
             if end_stream:
@@ -82,7 +84,8 @@ class DataReceiver:
 
     def datagram(self, data: bytes) -> None:
         core = self._core
-        datagram = ObjectDatagram.decode(data, max_extensions_length=core.limits.max_extensions_length)
+        datagram = ObjectDatagram.decode(data, max_extensions_length=core.limits.max_extensions_length,
+                                         profile=core.profile)
         request_id = core.inbound_aliases.get(datagram.track_alias)
         if request_id is None:  # the draft allows dropping datagrams of an unknown alias
             return
@@ -259,9 +262,13 @@ class DataReceiver:
         """The draft: cancel the request, and tell the application."""
         core = self._core
         self._ignore(stream)
-        core.send_control(FetchCancel(request.request_id) if request.kind == RequestKind.FETCH
-                          else Unsubscribe(request.request_id))
-        core.remove_request(request)
+        cancel = FetchCancel(request.request_id) if request.kind == RequestKind.FETCH \
+            else Unsubscribe(request.request_id)
+        core.send_control(cancel)
+        if request.allows(Origin.LOCAL, cancel.KIND):
+            request.step(Origin.LOCAL, cancel.KIND)
+        if not request.cancelled:  # a cancelled request stays until the answer still on its way
+            core.remove_request(request)
         core.events.append(MalformedTrack(request.request_id, reason))
 
 

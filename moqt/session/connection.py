@@ -23,15 +23,9 @@ from aioquic.quic.events import (
     StreamReset,
 )
 
-from moqt._control import ControlHandler
-from moqt._core import OutboundStream, Request, RequestKind, SessionCore, SessionLimits
-from moqt._datastreams import DataReceiver
-from moqt._request_api import RequestApi
-from moqt._requests import RequestIds
-from moqt._tokens import ResolvedToken, TokenCache
-from moqt.data import FetchHeader, FetchWriter, ObjectDatagram, Payload, SubgroupHeader, SubgroupWriter
-from moqt.errors import LocalError, ProtocolViolation, StreamClosedError
+from moqt.errors import LocalError, ProtocolViolation
 from moqt.events import DataStreamStopped, MoqtEvent, SessionEstablished, SessionTerminated, SetupRequested
+from moqt.kinds import SessionError
 from moqt.messages import (
     ClientSetup,
     ControlMessage,
@@ -40,15 +34,22 @@ from moqt.messages import (
     MaxRequestId,
     ServerSetup,
 )
-from moqt.params import SetupParameters
-from moqt.profile import DRAFT_14, ObjectStatus, Profile, SessionErrorCode, StreamResetCode
-from moqt.wire import KeyValuePair
+from moqt.params import ResolvedToken, SetupParameters
+from moqt.profiles import DRAFT_14, Profile
+from moqt.session.data_streams import DataReceiver
+from moqt.session.inbound import ControlHandler
+from moqt.session.outbound import RequestApi
+from moqt.session.request_ids import RequestIds
+from moqt.session.request_state import RequestState
+from moqt.session.sending import ObjectApi
+from moqt.session.state import SessionLimits, SessionState
+from moqt.session.tokens import TokenCache
 
 Role = Literal["client", "server"]
-_PV: Final = SessionErrorCode.PROTOCOL_VIOLATION
+_PV: Final = SessionError.PROTOCOL_VIOLATION
 
 
-class MoqtSession(RequestApi):
+class MoqtSession(RequestApi, ObjectApi):
     """One MOQT session on one QUIC connection.
 
     :param quic: the connection (ALPN ``moq-00``, QUIC DATAGRAM negotiated).
@@ -78,7 +79,7 @@ class MoqtSession(RequestApi):
         peer_first = profile.server_first_request_id if is_client else profile.client_first_request_id
         ids = RequestIds(local_first=local_first, peer_first=peer_first, window=request_window,
                          auto_grant=auto_grant_requests)
-        self._core = SessionCore(quic, profile=profile, is_client=is_client, limits=limits, ids=ids)
+        self._core = SessionState(quic, profile=profile, is_client=is_client, limits=limits, ids=ids)
         self._data = DataReceiver(self._core, partial=deliver_partial_objects)
         self._tokens = TokenCache(max_auth_token_cache_size)
         self._control = ControlHandler(self._core, self._data, self._tokens)
@@ -97,6 +98,11 @@ class MoqtSession(RequestApi):
             self._start_client()
 
     # -- state -----------------------------------------------------------------------------------
+    @property
+    def profile(self) -> Profile:
+        """The draft this session speaks; its tables turn draft-neutral names into wire codes."""
+        return self._core.profile
+
     @property
     def is_client(self) -> bool:
         return self._core.is_client
@@ -141,6 +147,11 @@ class MoqtSession(RequestApi):
         """True when a new request would get a Request ID (the peer's maximum allows it, no GOAWAY)."""
         return self._core.ids.can_allocate() and not self._core.goaway_received
 
+    def request_state(self, request_id: int) -> RequestState | None:
+        """Where an open request stands in the request table (None: over, or never opened)."""
+        request = self._core.requests.get(request_id)
+        return None if request is None else request.state
+
     def track_alias(self, request_id: int) -> int | None:
         """The Track Alias of an open subscription (either direction), if it has one yet."""
         request = self._core.requests.get(request_id)
@@ -164,21 +175,24 @@ class MoqtSession(RequestApi):
                 self._on_stop_sending(event)
             elif isinstance(event, ConnectionTerminated):
                 core.done = True
-                core.events.append(SessionTerminated(event.error_code, event.reason_phrase, remote=True))
+                core.events.append(SessionTerminated(event.error_code, event.reason_phrase, remote=True,
+                                                     error=core.profile.session_errors.name(event.error_code)))
         except ProtocolViolation as exc:
-            self._fail(exc.error_code, exc.reason)
+            self._fail(exc.error, exc.reason)
         except Exception as exc:  # a bug of ours must still end in a clean close, never escape to the loop
-            self._fail(SessionErrorCode.INTERNAL_ERROR, f"internal error: {exc!r}"[:200])
+            self._fail(SessionError.INTERNAL_ERROR, f"internal error: {exc!r}"[:200])
         return self._take_events()
 
     def _take_events(self) -> list[MoqtEvent]:
         events, self._core.events = self._core.events, []
         return events
 
-    def _fail(self, error_code: int, reason: str) -> None:
-        if not self._core.done:
-            self._core.close(error_code, reason)
-            self._core.events.append(SessionTerminated(error_code, reason, remote=False))
+    def _fail(self, error: SessionError, reason: str) -> None:
+        core = self._core
+        if not core.done:
+            code = core.profile.session_errors.code(error)
+            core.close(code, reason)
+            core.events.append(SessionTerminated(code, reason, remote=False, error=error))
 
     def _on_stream_data(self, event: StreamDataReceived) -> None:
         core = self._core
@@ -221,7 +235,7 @@ class MoqtSession(RequestApi):
         elif not self._core.established:
             self._on_setup(message)
         elif isinstance(message, ClientSetup | ServerSetup):
-            raise ProtocolViolation(_PV, f"a second {message.TYPE.name}")
+            raise ProtocolViolation(_PV, f"a second {message.KIND.value}")
         else:
             self._control.handle(message)
 
@@ -238,19 +252,19 @@ class MoqtSession(RequestApi):
         core = self._core
         if core.is_client:
             if not isinstance(message, ServerSetup):
-                raise ProtocolViolation(_PV, f"{message.TYPE.name} before SERVER_SETUP")
+                raise ProtocolViolation(_PV, f"{message.KIND.value} before SERVER_SETUP")
             if message.selected_version not in self._versions:
-                raise ProtocolViolation(SessionErrorCode.VERSION_NEGOTIATION_FAILED,
+                raise ProtocolViolation(SessionError.VERSION_NEGOTIATION_FAILED,
                                         f"server selected version 0x{message.selected_version:x}, not offered")
             if message.parameters.path is not None:
-                raise ProtocolViolation(SessionErrorCode.INVALID_PATH, "PATH sent by the server")
+                raise ProtocolViolation(SessionError.INVALID_PATH, "PATH sent by the server")
             if message.parameters.authority is not None:
-                raise ProtocolViolation(SessionErrorCode.INVALID_AUTHORITY, "AUTHORITY sent by the server")
+                raise ProtocolViolation(SessionError.INVALID_AUTHORITY, "AUTHORITY sent by the server")
             authorization = self._tokens.apply(message.parameters.authorization_tokens)
             self._established(message.selected_version, message.parameters, authorization)
             return
         if not isinstance(message, ClientSetup):
-            raise ProtocolViolation(_PV, f"{message.TYPE.name} before CLIENT_SETUP")
+            raise ProtocolViolation(_PV, f"{message.KIND.value} before CLIENT_SETUP")
         self._check_client_setup(message)
         self._client_setup = message
         self._client_authorization = self._tokens.apply(message.parameters.authorization_tokens,
@@ -263,13 +277,13 @@ class MoqtSession(RequestApi):
 
     def _check_client_setup(self, message: ClientSetup) -> None:
         if not any(v in self._versions for v in message.supported_versions):
-            raise ProtocolViolation(SessionErrorCode.VERSION_NEGOTIATION_FAILED,
+            raise ProtocolViolation(SessionError.VERSION_NEGOTIATION_FAILED,
                                     "no offered version is supported")
         params = message.parameters
         if self._path is not None and (params.path or "") != self._path:
-            raise ProtocolViolation(SessionErrorCode.INVALID_PATH, f"path {params.path!r} is not served here")
+            raise ProtocolViolation(SessionError.INVALID_PATH, f"path {params.path!r} is not served here")
         if self._authority is not None and params.authority not in (None, self._authority):
-            raise ProtocolViolation(SessionErrorCode.INVALID_AUTHORITY, f"authority {params.authority!r}")
+            raise ProtocolViolation(SessionError.INVALID_AUTHORITY, f"authority {params.authority!r}")
 
     def _send_server_setup(self, parameters: SetupParameters | None) -> None:
         core = self._core
@@ -300,12 +314,12 @@ class MoqtSession(RequestApi):
             for message in deferred:
                 self._on_control(message)
         except ProtocolViolation as exc:
-            self._fail(exc.error_code, exc.reason)
+            self._fail(exc.error, exc.reason)
         except Exception as exc:  # as in handle_event: the peer's input never raises out of the session
-            self._fail(SessionErrorCode.INTERNAL_ERROR, f"internal error: {exc!r}"[:200])
+            self._fail(SessionError.INTERNAL_ERROR, f"internal error: {exc!r}"[:200])
         return self._take_events()
 
-    def reject_setup(self, error_code: int = SessionErrorCode.UNAUTHORIZED, reason: str = "") -> None:
+    def reject_setup(self, error_code: SessionError | int = SessionError.UNAUTHORIZED, reason: str = "") -> None:
         """Server with ``auto_accept=False``: refuse the session (e.g. UNAUTHORIZED)."""
         if self._core.is_client or self._deferred is None:
             raise LocalError("no CLIENT_SETUP awaits an answer")
@@ -341,162 +355,9 @@ class MoqtSession(RequestApi):
         """Fire what is due at ``now`` (the GOAWAY timeout); returns the resulting events."""
         if self._goaway_deadline is not None and now >= self._goaway_deadline:
             self._goaway_deadline = None
-            self._fail(SessionErrorCode.GOAWAY_TIMEOUT, "the peer did not leave after GOAWAY")
+            self._fail(SessionError.GOAWAY_TIMEOUT, "the peer did not leave after GOAWAY")
         return self._take_events()
 
-    def close(self, error_code: int = SessionErrorCode.NO_ERROR, reason: str = "") -> None:
+    def close(self, error_code: SessionError | int = SessionError.NO_ERROR, reason: str = "") -> None:
         """Close the session (and the QUIC connection) with a Session Termination code."""
         self._core.close(error_code, reason)
-
-    # -- publishing objects ----------------------------------------------------------------------
-    def open_subgroup(self, request_id: int, group_id: int, subgroup_id: int = 0, *, publisher_priority: int = 128,
-                      extensions_present: bool = False, end_of_group: bool = False) -> int:
-        """Open a subgroup stream for a subscription we publish; returns its stream ID."""
-        core = self._check_open()
-        request = core.requests.get(request_id)
-        if request is None or not request.we_publish or request.track_alias is None:
-            raise LocalError(f"{request_id} is not an accepted subscription to us")
-        if not request.forward:
-            raise LocalError("the subscription's Forward State is 0")
-        header = SubgroupHeader.create(request.track_alias, group_id, subgroup_id, publisher_priority,
-                                       extensions_present=extensions_present, end_of_group=end_of_group)
-        return self._open_stream(request, SubgroupWriter(header))
-
-    def open_fetch_stream(self, request_id: int) -> int:
-        """Open the (single) data stream answering the peer's FETCH; returns its stream ID."""
-        core = self._check_open()
-        request = core.requests.get(request_id)
-        if request is None or request.local or request.kind != RequestKind.FETCH:
-            raise LocalError(f"{request_id} is not an open FETCH from the peer")
-        if request.streams_opened:
-            raise LocalError("a FETCH is answered on one stream")
-        return self._open_stream(request, FetchWriter(FetchHeader(request_id)))
-
-    def _open_stream(self, request: Request, writer: SubgroupWriter | FetchWriter) -> int:
-        core = self._core
-        stream_id = core.quic.get_next_available_stream_id(is_unidirectional=True)
-        core.send_stream(stream_id, writer.encode_header())
-        core.outbound[stream_id] = OutboundStream(stream_id, request.request_id, writer)
-        request.open_streams.add(stream_id)
-        request.streams_opened += 1
-        return stream_id
-
-    def _outbound(self, stream_id: int) -> OutboundStream:
-        self._check_open()
-        stream = self._core.outbound.get(stream_id)
-        if stream is None or stream.closed:
-            raise StreamClosedError(f"stream {stream_id} is not open for objects")
-        return stream
-
-    def send_object(self, stream_id: int, object_id: int, payload: Payload = b"", *,
-                    extensions: Sequence[KeyValuePair] = (), status: ObjectStatus = ObjectStatus.NORMAL,
-                    end_of_stream: bool = False) -> None:
-        """Send one object on a subgroup stream; the payload is handed to QUIC without a copy."""
-        stream = self._outbound(stream_id)
-        if not isinstance(stream.writer, SubgroupWriter):
-            raise LocalError("use send_fetch_object on a fetch stream")
-        self._send_parts(stream, stream.writer.encode_object(object_id, payload, extensions=extensions,
-                                                             status=status), end_of_stream)
-
-    def send_fetch_object(self, stream_id: int, group_id: int, subgroup_id: int, object_id: int,
-                          payload: Payload = b"", *, publisher_priority: int = 128,
-                          extensions: Sequence[KeyValuePair] = (), status: ObjectStatus = ObjectStatus.NORMAL,
-                          end_of_stream: bool = False) -> None:
-        """Send one object on a fetch stream (in the order the FETCH asked for)."""
-        stream = self._outbound(stream_id)
-        if not isinstance(stream.writer, FetchWriter):
-            raise LocalError("use send_object on a subgroup stream")
-        parts = stream.writer.encode_object(group_id, subgroup_id, object_id, payload,
-                                            publisher_priority=publisher_priority, extensions=extensions,
-                                            status=status)
-        self._send_parts(stream, parts, end_of_stream)
-
-    def begin_object(self, stream_id: int, object_id: int, payload_length: int, *,
-                     extensions: Sequence[KeyValuePair] = (), status: ObjectStatus = ObjectStatus.NORMAL) -> None:
-        """Send one object's fields on a subgroup stream; its ``payload_length`` octets follow through
-        `send_payload` (a relay passes an object on while it is still arriving: cut-through)."""
-        stream = self._outbound(stream_id)
-        if not isinstance(stream.writer, SubgroupWriter):
-            raise LocalError("use begin_fetch_object on a fetch stream")
-        try:
-            head = stream.writer.encode_object_header(object_id, payload_length, extensions=extensions, status=status)
-        except ValueError as exc:
-            raise LocalError(str(exc)) from exc
-        self._core.send_stream(stream_id, head)
-
-    def begin_fetch_object(self, stream_id: int, group_id: int, subgroup_id: int, object_id: int,
-                           payload_length: int, *, publisher_priority: int = 128,
-                           extensions: Sequence[KeyValuePair] = (), status: ObjectStatus = ObjectStatus.NORMAL) -> None:
-        """As `begin_object`, on a fetch stream."""
-        stream = self._outbound(stream_id)
-        if not isinstance(stream.writer, FetchWriter):
-            raise LocalError("use begin_object on a subgroup stream")
-        try:
-            head = stream.writer.encode_object_header(group_id, subgroup_id, object_id, payload_length,
-                                                      publisher_priority=publisher_priority, extensions=extensions,
-                                                      status=status)
-        except ValueError as exc:
-            raise LocalError(str(exc)) from exc
-        self._core.send_stream(stream_id, head)
-
-    def send_payload(self, stream_id: int, part: Payload, *, end_of_stream: bool = False) -> None:
-        """The next part of the payload of the object begun on ``stream_id`` (handed to QUIC without a
-        copy); ``end_of_stream`` only once the object is complete."""
-        stream = self._outbound(stream_id)
-        size = part.nbytes if isinstance(part, memoryview) else len(part)
-        if end_of_stream and size < stream.writer.remaining:
-            raise LocalError(f"the object still owes {stream.writer.remaining} octets, the part has {size}: "
-                             "no FIN before it is complete")
-        try:
-            stream.writer.payload_part(part)  # raises (and keeps its count) when the part is too long
-        except ValueError as exc:
-            raise LocalError(str(exc)) from exc
-        self._send_parts(stream, [part], end_of_stream)
-
-    def payload_owed(self, stream_id: int) -> int:
-        """Octets the object begun on ``stream_id`` still owes (0: none begun, or complete)."""
-        return self._outbound(stream_id).writer.remaining
-
-    def _send_parts(self, stream: OutboundStream, parts: list[Payload], end_of_stream: bool) -> None:
-        for index, part in enumerate(parts):
-            self._core.send_stream(stream.stream_id, part, end_of_stream and index == len(parts) - 1)
-        if end_of_stream:
-            self._stream_finished(stream)
-
-    def finish_stream(self, stream_id: int) -> None:
-        """End a data stream with FIN (for an end-of-group subgroup: the group ends here)."""
-        stream = self._outbound(stream_id)
-        if stream.writer.remaining:
-            raise LocalError(f"the object begun still owes {stream.writer.remaining} octets")
-        self._core.send_stream(stream_id, b"", True)
-        self._stream_finished(stream)
-
-    def _stream_finished(self, stream: OutboundStream) -> None:
-        core = self._core
-        stream.closed = True
-        core.outbound.pop(stream.stream_id, None)
-        request = core.requests.get(stream.request_id)
-        if request is None:
-            return
-        request.open_streams.discard(stream.stream_id)
-        if request.kind == RequestKind.FETCH:
-            request.fetch_stream_done = True
-            if request.answered:
-                core.remove_request(request)
-
-    def reset_stream(self, stream_id: int, error_code: int = StreamResetCode.CANCELLED) -> None:
-        """Abandon a data stream (RESET_STREAM with a Data Stream Reset code)."""
-        self._outbound(stream_id)
-        self._core.reset_sending(stream_id, error_code)
-
-    def send_datagram(self, request_id: int, group_id: int, object_id: int, payload: bytes = b"", *,
-                      publisher_priority: int = 128, extensions: tuple[KeyValuePair, ...] = (),
-                      status: ObjectStatus = ObjectStatus.NORMAL, end_of_group: bool = False) -> None:
-        """Send one object as an OBJECT_DATAGRAM (dropped by QUIC if it does not fit a datagram)."""
-        core = self._check_open()
-        request = core.requests.get(request_id)
-        if request is None or not request.we_publish or request.track_alias is None:
-            raise LocalError(f"{request_id} is not an accepted subscription to us")
-        datagram = ObjectDatagram(request.track_alias, group_id, object_id, publisher_priority, payload,
-                                  extensions, status, end_of_group)
-        core.quic.send_datagram_frame(datagram.encode())

@@ -9,19 +9,10 @@ message; verifying what a token says (moqt/auth.py) stays with the application.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from moqt.errors import ProtocolViolation
-from moqt.params import AuthToken
-from moqt.profile import AliasType, SessionErrorCode
-
-
-@dataclass(frozen=True, slots=True)
-class ResolvedToken:
-    """A token as the message means it: its Token Type and Token Value, aliases looked up."""
-
-    token_type: int
-    value: bytes
+from moqt.kinds import AliasType, SessionError
+from moqt.params import AuthToken, ResolvedToken
 
 
 class TokenCache:
@@ -49,7 +40,7 @@ class TokenCache:
             return self._register(token, alias, in_client_setup)
         known = self._entries.get(alias)
         if known is None:
-            raise ProtocolViolation(SessionErrorCode.UNKNOWN_AUTH_TOKEN_ALIAS, f"token alias {alias} is not registered")
+            raise ProtocolViolation(SessionError.UNKNOWN_AUTH_TOKEN_ALIAS, f"token alias {alias} is not registered")
         if token.alias_type == AliasType.DELETE:
             del self._entries[alias]
             self.size -= known[1]
@@ -59,12 +50,12 @@ class TokenCache:
     def _register(self, token: AuthToken, alias: int, in_client_setup: bool) -> ResolvedToken:
         value = ResolvedToken(token.token_type or 0, token.value or b"")
         if alias in self._entries:
-            raise ProtocolViolation(SessionErrorCode.DUPLICATE_AUTH_TOKEN_ALIAS, f"token alias {alias} already in use")
+            raise ProtocolViolation(SessionError.DUPLICATE_AUTH_TOKEN_ALIAS, f"token alias {alias} already in use")
         size = token.token_size()
         if self.size + size > self.max_size:
             if in_client_setup:  # the draft: treat it as USE_VALUE; the client purges the alias itself
                 return value
-            raise ProtocolViolation(SessionErrorCode.AUTH_TOKEN_CACHE_OVERFLOW,
+            raise ProtocolViolation(SessionError.AUTH_TOKEN_CACHE_OVERFLOW,
                                     f"registering {size} octets overflows the token cache of {self.max_size}")
         self._entries[alias] = (value, size)
         self.size += size

@@ -1,4 +1,4 @@
-"""The request half of ``MoqtSession``'s public API: every control message an application sends.
+"""Outbound requests: every control message an application sends, checked against the request table.
 
 Why a separate base class: the session facade would otherwise exceed the module size we allow; the
 split follows the draft -- this file is "Control Messages" (requests and their answers), the session
@@ -11,10 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TypeVar
 
-from moqt._control import filter_start
-from moqt._core import Request, RequestKind, SessionCore
-from moqt._datastreams import DataReceiver
-from moqt.errors import GoingAwayError, LocalError, RequestsBlockedError, SessionClosedError
+from moqt.errors import GoingAwayError, LocalError, RequestsBlockedError
+from moqt.kinds import FetchType, FilterType, GroupOrder, MessageKind, PublishDoneStatus, RequestError
 from moqt.messages import (
     ControlMessage,
     Fetch,
@@ -46,18 +44,12 @@ from moqt.messages import (
     Unsubscribe,
     UnsubscribeNamespace,
 )
+from moqt.messages.subscribe import filter_start
 from moqt.params import RequestParameters
-from moqt.profile import (
-    FetchErrorCode,
-    FetchType,
-    FilterType,
-    GroupOrder,
-    PublishDoneCode,
-    PublishErrorCode,
-    PublishNamespaceErrorCode,
-    SubscribeErrorCode,
-    SubscribeNamespaceErrorCode,
-)
+from moqt.session.data_streams import DataReceiver
+from moqt.session.request_state import Origin, RequestKind
+from moqt.session.requests import Request
+from moqt.session.state import SessionState
 from moqt.wire import Location, Namespace
 
 M = TypeVar("M", bound=ControlMessage)
@@ -66,17 +58,12 @@ M = TypeVar("M", bound=ControlMessage)
 class RequestApi:
     """Sending requests, answers, updates and cancellations; state checks raise ``LocalError``."""
 
-    _core: SessionCore
+    _core: SessionState
     _data: DataReceiver
 
     # -- shared checks ---------------------------------------------------------------------------
-    def _check_open(self) -> SessionCore:
-        core = self._core
-        if core.done:
-            raise SessionClosedError("the session is closed")
-        if not core.established:
-            raise LocalError("the session is not established yet")
-        return core
+    def _check_open(self) -> SessionState:
+        return self._core.check_open()
 
     def _new_request_id(self, *, new_request: bool = True) -> int:
         core = self._check_open()
@@ -98,12 +85,12 @@ class RequestApi:
         self._core.send_control(message)
         return message
 
-    def _remote(self, request_id: int, kind: RequestKind) -> Request:
-        """The peer's request ``request_id`` of ``kind``, still awaiting our answer."""
+    def _remote(self, request_id: int, answer: MessageKind) -> Request:
+        """The peer's request ``request_id``, in a state that ``answer`` may follow."""
         core = self._check_open()
         request = core.requests.get(request_id)
-        if request is None or request.local or request.kind != kind or request.answered:
-            raise LocalError(f"no {kind.value} {request_id} awaits an answer")
+        if request is None or not request.allows(Origin.LOCAL, answer):
+            raise LocalError(f"no request {request_id} awaits {answer.value}")
         return request
 
     def _local(self, request_id: int, kind: RequestKind) -> Request:
@@ -112,6 +99,16 @@ class RequestApi:
         if request is None or not request.local or request.kind != kind:
             raise LocalError(f"no open {kind.value} {request_id} of ours")
         return request
+
+    def _ended(self, request: Request, message: ControlMessage) -> None:
+        """Send a cancellation or end; the request stays only while the peer's answer is owed."""
+        request.step(Origin.LOCAL, message.KIND)
+        self._core.send_control(message)
+        if not request.cancelled:
+            self._core.remove_request(request)
+
+    def _request_error(self, message: MessageKind, error: RequestError | int) -> int:
+        return self._core.profile.request_error_code(message, error)
 
     def _pick_alias(self, track_alias: int | None) -> int:
         """A Track Alias no subscription we publish uses: the caller's, or the next free one."""
@@ -127,7 +124,7 @@ class RequestApi:
         return alias
 
     def _answered(self, request: Request, message: ControlMessage, *, remove: bool) -> None:
-        request.answered = True
+        request.step(Origin.LOCAL, message.KIND)
         self._core.send_control(message)
         if remove:
             self._core.remove_request(request)
@@ -155,7 +152,7 @@ class RequestApi:
         """Narrow (or pause/resume with ``forward``) one of our subscriptions; returns the new Request ID."""
         core = self._check_open()
         target = core.requests.get(subscription_request_id)
-        if target is None or not target.we_subscribe:
+        if target is None or not target.allows(Origin.LOCAL, MessageKind.SUBSCRIBE_UPDATE):
             raise LocalError(f"{subscription_request_id} is not an open subscription of ours")
         if target.start is not None and start_location < target.start:
             raise LocalError("SUBSCRIBE_UPDATE cannot move the Start Location back")
@@ -166,6 +163,7 @@ class RequestApi:
         draft = SubscribeUpdate(0, subscription_request_id, start_location, end_group, subscriber_priority, forward,
                                 parameters or RequestParameters())
         request_id = self._new_request_id(new_request=False)
+        target.step(Origin.LOCAL, MessageKind.SUBSCRIBE_UPDATE)
         core.send_control(dataclasses.replace(draft, request_id=request_id))
         target.start, target.end_group, target.forward = start_location, end_group, forward
         return request_id
@@ -178,19 +176,15 @@ class RequestApi:
             raise LocalError(f"{request_id} is not an open subscription of ours")
         if not request.local and not request.answered:
             raise LocalError("answer the PUBLISH (publish_ok / publish_error) first")
-        core.send_control(Unsubscribe(request_id))
+        self._ended(request, Unsubscribe(request_id))  # unanswered: its SUBSCRIBE_OK/ERROR is on the way
         self._data.drop_request_streams(request_id)
-        if request.answered:
-            core.remove_request(request)
-        else:
-            request.cancelled = True  # its SUBSCRIBE_OK/ERROR is still on the way
 
     # -- SUBSCRIBE (publisher side) --------------------------------------------------------------
     def subscribe_ok(self, request_id: int, *, track_alias: int | None = None, expires: int = 0,
                      group_order: GroupOrder = GroupOrder.ASCENDING, largest_location: Location | None = None,
                      parameters: RequestParameters | None = None) -> int:
         """Accept the peer's SUBSCRIBE; returns the Track Alias its objects will carry."""
-        request = self._remote(request_id, RequestKind.SUBSCRIBE)
+        request = self._remote(request_id, MessageKind.SUBSCRIBE_OK)
         alias = self._pick_alias(track_alias)
         message = SubscribeOk(request_id, alias, expires, group_order, largest_location,
                               parameters or RequestParameters())
@@ -199,24 +193,24 @@ class RequestApi:
         self._answered(request, message, remove=False)
         return alias
 
-    def subscribe_error(self, request_id: int, error_code: int = SubscribeErrorCode.TRACK_DOES_NOT_EXIST,
+    def subscribe_error(self, request_id: int, error_code: RequestError | int = RequestError.TRACK_DOES_NOT_EXIST,
                         reason: str = "") -> None:
-        """Refuse the peer's SUBSCRIBE (codes in ``SubscribeErrorCode``); no objects may follow."""
-        request = self._remote(request_id, RequestKind.SUBSCRIBE)
-        self._answered(request, SubscribeError(request_id, error_code, reason), remove=True)
+        """Refuse the peer's SUBSCRIBE; no objects may follow."""
+        request = self._remote(request_id, MessageKind.SUBSCRIBE_ERROR)
+        code = self._request_error(MessageKind.SUBSCRIBE_ERROR, error_code)
+        self._answered(request, SubscribeError(request_id, code, reason), remove=True)
 
-    def publish_done(self, request_id: int, status_code: int = PublishDoneCode.TRACK_ENDED, reason: str = "", *,
-                     stream_count: int | None = None) -> None:
+    def publish_done(self, request_id: int, status_code: PublishDoneStatus | int = PublishDoneStatus.TRACK_ENDED,
+                     reason: str = "", *, stream_count: int | None = None) -> None:
         """End a subscription we publish. Its streams must be closed first; Stream Count is counted."""
         core = self._check_open()
         request = core.requests.get(request_id)
-        if request is None or not request.we_publish or (not request.local and not request.answered):
+        if request is None or not request.allows(Origin.LOCAL, MessageKind.PUBLISH_DONE):
             raise LocalError(f"{request_id} is not an accepted subscription to us")
         if request.open_streams:
             raise LocalError("close the subscription's data streams before PUBLISH_DONE")
         count = request.streams_opened if stream_count is None else stream_count
-        core.send_control(PublishDone(request_id, status_code, count, reason))
-        core.remove_request(request)
+        self._ended(request, PublishDone(request_id, core.profile.publish_done.code(status_code), count, reason))
 
     # -- TRACK_STATUS ----------------------------------------------------------------------------
     def track_status(self, namespace: Namespace, track_name: bytes, *,
@@ -232,16 +226,17 @@ class RequestApi:
     def track_status_ok(self, request_id: int, *, expires: int = 0, group_order: GroupOrder = GroupOrder.ASCENDING,
                         largest_location: Location | None = None, parameters: RequestParameters | None = None) -> None:
         """Answer TRACK_STATUS as a SUBSCRIBE_OK would be filled in, with Track Alias 0."""
-        request = self._remote(request_id, RequestKind.TRACK_STATUS)
+        request = self._remote(request_id, MessageKind.TRACK_STATUS_OK)
         message = TrackStatusOk(request_id, 0, expires, group_order, largest_location,
                                 parameters or RequestParameters())
         self._answered(request, message, remove=True)
 
-    def track_status_error(self, request_id: int, error_code: int = SubscribeErrorCode.TRACK_DOES_NOT_EXIST,
+    def track_status_error(self, request_id: int, error_code: RequestError | int = RequestError.TRACK_DOES_NOT_EXIST,
                            reason: str = "") -> None:
         """Answer TRACK_STATUS as a SUBSCRIBE_ERROR would be."""
-        request = self._remote(request_id, RequestKind.TRACK_STATUS)
-        self._answered(request, TrackStatusError(request_id, error_code, reason), remove=True)
+        request = self._remote(request_id, MessageKind.TRACK_STATUS_ERROR)
+        code = self._request_error(MessageKind.TRACK_STATUS_ERROR, error_code)
+        self._answered(request, TrackStatusError(request_id, code, reason), remove=True)
 
     # -- FETCH -----------------------------------------------------------------------------------
     def fetch(self, namespace: Namespace, track_name: bytes, start: Location, end: Location, *,
@@ -268,26 +263,23 @@ class RequestApi:
     def fetch_cancel(self, request_id: int) -> None:
         """Withdraw our FETCH; the fetch stream, if open, is stopped (the draft requires the message)."""
         request = self._local(request_id, RequestKind.FETCH)
-        self._core.send_control(FetchCancel(request_id))
+        self._ended(request, FetchCancel(request_id))
         self._data.drop_request_streams(request_id)
-        if request.answered:
-            self._core.remove_request(request)
-        else:
-            request.cancelled = True
 
     def fetch_ok(self, request_id: int, end_location: Location, *, end_of_track: bool = False,
                  group_order: GroupOrder = GroupOrder.ASCENDING, parameters: RequestParameters | None = None) -> None:
         """Accept the peer's FETCH; ``end_location`` is the end of what will be sent (plus 1, as in FETCH)."""
-        request = self._remote(request_id, RequestKind.FETCH)
+        request = self._remote(request_id, MessageKind.FETCH_OK)
         message = FetchOk(request_id, end_location, group_order, end_of_track, parameters or RequestParameters())
         self._answered(request, message, remove=request.fetch_stream_done)
 
-    def fetch_error(self, request_id: int, error_code: int = FetchErrorCode.TRACK_DOES_NOT_EXIST,
+    def fetch_error(self, request_id: int, error_code: RequestError | int = RequestError.TRACK_DOES_NOT_EXIST,
                     reason: str = "") -> None:
-        """Refuse the peer's FETCH (codes in ``FetchErrorCode``); an open fetch stream is reset."""
-        request = self._remote(request_id, RequestKind.FETCH)
+        """Refuse the peer's FETCH; an open fetch stream is reset."""
+        request = self._remote(request_id, MessageKind.FETCH_ERROR)
+        code = self._request_error(MessageKind.FETCH_ERROR, error_code)
         self._core.reset_request_streams(request)
-        self._answered(request, FetchError(request_id, error_code, reason), remove=True)
+        self._answered(request, FetchError(request_id, code, reason), remove=True)
 
     # -- PUBLISH ---------------------------------------------------------------------------------
     def publish(self, namespace: Namespace, track_name: bytes, *, track_alias: int | None = None,
@@ -306,19 +298,20 @@ class RequestApi:
                    start_location: Location | None = None, end_group: int | None = None,
                    parameters: RequestParameters | None = None) -> None:
         """Accept the peer's PUBLISH, with our Forward State, priority and filter."""
-        request = self._remote(request_id, RequestKind.PUBLISH)
+        request = self._remote(request_id, MessageKind.PUBLISH_OK)
         message = PublishOk(request_id, forward, subscriber_priority, group_order, filter_type, start_location,
                             end_group, parameters or RequestParameters())
         request.filter_type, request.end_group = filter_type, end_group
         request.start = filter_start(filter_type, start_location, request.last_location)
         self._answered(request, message, remove=False)
 
-    def publish_error(self, request_id: int, error_code: int = PublishErrorCode.UNINTERESTED,
+    def publish_error(self, request_id: int, error_code: RequestError | int = RequestError.UNINTERESTED,
                       reason: str = "") -> None:
         """Refuse the peer's PUBLISH; streams it already opened are stopped."""
-        request = self._remote(request_id, RequestKind.PUBLISH)
+        request = self._remote(request_id, MessageKind.PUBLISH_ERROR)
+        code = self._request_error(MessageKind.PUBLISH_ERROR, error_code)
         self._data.drop_request_streams(request_id)
-        self._answered(request, PublishError(request_id, error_code, reason), remove=True)
+        self._answered(request, PublishError(request_id, code, reason), remove=True)
 
     # -- PUBLISH_NAMESPACE -----------------------------------------------------------------------
     def publish_namespace(self, namespace: Namespace, *, parameters: RequestParameters | None = None) -> int:
@@ -328,34 +321,36 @@ class RequestApi:
 
     def publish_namespace_ok(self, request_id: int) -> None:
         """Accept the peer's PUBLISH_NAMESPACE."""
-        request = self._remote(request_id, RequestKind.PUBLISH_NAMESPACE)
+        request = self._remote(request_id, MessageKind.PUBLISH_NAMESPACE_OK)
         self._answered(request, PublishNamespaceOk(request_id), remove=False)
 
-    def publish_namespace_error(self, request_id: int, error_code: int = PublishNamespaceErrorCode.UNINTERESTED,
+    def publish_namespace_error(self, request_id: int, error_code: RequestError | int = RequestError.UNINTERESTED,
                                 reason: str = "") -> None:
         """Refuse the peer's PUBLISH_NAMESPACE (e.g. UNAUTHORIZED for a holder-id it may not publish)."""
-        request = self._remote(request_id, RequestKind.PUBLISH_NAMESPACE)
-        self._answered(request, PublishNamespaceError(request_id, error_code, reason), remove=True)
+        request = self._remote(request_id, MessageKind.PUBLISH_NAMESPACE_ERROR)
+        code = self._request_error(MessageKind.PUBLISH_NAMESPACE_ERROR, error_code)
+        self._answered(request, PublishNamespaceError(request_id, code, reason), remove=True)
 
     def publish_namespace_done(self, namespace: Namespace) -> None:
         """Withdraw a namespace we published."""
-        request = self._find_namespace(RequestKind.PUBLISH_NAMESPACE, True, namespace)
-        self._core.send_control(PublishNamespaceDone(namespace))
-        self._core.remove_request(request)
+        request = self._find_namespace(RequestKind.PUBLISH_NAMESPACE, namespace, MessageKind.PUBLISH_NAMESPACE_DONE)
+        self._ended(request, PublishNamespaceDone(namespace))
 
     def publish_namespace_cancel(self, namespace: Namespace,
-                                 error_code: int = PublishNamespaceErrorCode.INTERNAL_ERROR, reason: str = "") -> None:
+                                 error_code: RequestError | int = RequestError.INTERNAL_ERROR,
+                                 reason: str = "") -> None:
         """Revoke our acceptance of the peer's PUBLISH_NAMESPACE."""
-        request = self._find_namespace(RequestKind.PUBLISH_NAMESPACE, False, namespace)
-        self._core.send_control(PublishNamespaceCancel(namespace, error_code, reason))
-        self._core.remove_request(request)
+        kind = MessageKind.PUBLISH_NAMESPACE_CANCEL
+        request = self._find_namespace(RequestKind.PUBLISH_NAMESPACE, namespace, kind)
+        self._ended(request, PublishNamespaceCancel(namespace, self._request_error(kind, error_code), reason))
 
-    def _find_namespace(self, kind: RequestKind, local: bool, namespace: Namespace) -> Request:
+    def _find_namespace(self, kind: RequestKind, namespace: Namespace, message: MessageKind) -> Request:
+        """The request of ``kind`` for ``namespace`` that ``message`` (ours) may end."""
         core = self._check_open()
         for request in core.requests.values():
-            if request.kind == kind and request.local == local and request.namespace == namespace:
+            if request.kind == kind and request.namespace == namespace and request.allows(Origin.LOCAL, message):
                 return request
-        raise LocalError(f"no open {kind.value} for {namespace!r}")
+        raise LocalError(f"no open {kind.value} for {namespace!r} that {message.value} may end")
 
     # -- SUBSCRIBE_NAMESPACE ---------------------------------------------------------------------
     def subscribe_namespace(self, prefix: Namespace, *, parameters: RequestParameters | None = None) -> int:
@@ -365,18 +360,18 @@ class RequestApi:
 
     def subscribe_namespace_ok(self, request_id: int) -> None:
         """Accept the peer's SUBSCRIBE_NAMESPACE."""
-        request = self._remote(request_id, RequestKind.SUBSCRIBE_NAMESPACE)
+        request = self._remote(request_id, MessageKind.SUBSCRIBE_NAMESPACE_OK)
         self._answered(request, SubscribeNamespaceOk(request_id), remove=False)
 
     def subscribe_namespace_error(self, request_id: int,
-                                  error_code: int = SubscribeNamespaceErrorCode.NAMESPACE_PREFIX_UNKNOWN,
+                                  error_code: RequestError | int = RequestError.NAMESPACE_PREFIX_UNKNOWN,
                                   reason: str = "") -> None:
         """Refuse the peer's SUBSCRIBE_NAMESPACE."""
-        request = self._remote(request_id, RequestKind.SUBSCRIBE_NAMESPACE)
-        self._answered(request, SubscribeNamespaceError(request_id, error_code, reason), remove=True)
+        request = self._remote(request_id, MessageKind.SUBSCRIBE_NAMESPACE_ERROR)
+        code = self._request_error(MessageKind.SUBSCRIBE_NAMESPACE_ERROR, error_code)
+        self._answered(request, SubscribeNamespaceError(request_id, code, reason), remove=True)
 
     def unsubscribe_namespace(self, prefix: Namespace) -> None:
         """Withdraw our SUBSCRIBE_NAMESPACE for ``prefix``."""
-        request = self._find_namespace(RequestKind.SUBSCRIBE_NAMESPACE, True, prefix)
-        self._core.send_control(UnsubscribeNamespace(prefix))
-        self._core.remove_request(request)
+        request = self._find_namespace(RequestKind.SUBSCRIBE_NAMESPACE, prefix, MessageKind.UNSUBSCRIBE_NAMESPACE)
+        self._ended(request, UnsubscribeNamespace(prefix))

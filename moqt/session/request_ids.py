@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Final
 
 from moqt.errors import ProtocolViolation
-from moqt.profile import SessionErrorCode
+from moqt.kinds import SessionError
 
-_PV: Final = SessionErrorCode.PROTOCOL_VIOLATION
+_PV: Final = SessionError.PROTOCOL_VIOLATION
 
 
 def bound_for(next_id: int, count: int) -> int:
@@ -66,13 +66,13 @@ class RequestIds:
     def accept_peer_request(self, request_id: int) -> None:
         """Check a new request's ID: right parity, below our bound, and exactly the next one."""
         if request_id % 2 != self.next_peer % 2:
-            raise ProtocolViolation(SessionErrorCode.INVALID_REQUEST_ID,
+            raise ProtocolViolation(SessionError.INVALID_REQUEST_ID,
                                     f"Request ID {request_id} has the wrong parity for the peer")
         if request_id >= self.local_max:
-            raise ProtocolViolation(SessionErrorCode.TOO_MANY_REQUESTS,
+            raise ProtocolViolation(SessionError.TOO_MANY_REQUESTS,
                                     f"Request ID {request_id} is not below Maximum Request ID {self.local_max}")
         if request_id != self.next_peer:
-            raise ProtocolViolation(SessionErrorCode.INVALID_REQUEST_ID,
+            raise ProtocolViolation(SessionError.INVALID_REQUEST_ID,
                                     f"Request ID {request_id} where {self.next_peer} was expected")
         self.next_peer += 2
 

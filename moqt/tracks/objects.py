@@ -124,3 +124,24 @@ class MemoryTrackSource:
 
     async def lookup(self, namespace: Namespace, track_name: bytes) -> StoredTrack | None:
         return self.tracks.get((namespace, track_name))
+
+
+class TrackWriter(Protocol):
+    """A live track as its producer sees it (``moqt.api.LiveTrack``): objects in, never waiting."""
+
+    def publish(self, group: int, object_id: int, payload: Bytes, extensions: Extensions = ()) -> MoqtObject: ...
+
+    def end_group(self) -> None: ...
+
+    def close(self, error_code: int | None = None) -> None: ...
+
+
+class TrackPublisher(Protocol):
+    """What a producer needs of a publisher (``moqt.api.Publisher``): a new live track by name.
+
+    Why a protocol: sans-I/O producers (``kvsp.moqt_binding.LiveBlockPublisher``) take the asyncio
+    publisher without importing it.
+    """
+
+    def track(self, namespace: Namespace, name: bytes, *, extensions_present: bool = False,
+              retain_groups: int = 1) -> TrackWriter: ...

@@ -6,7 +6,7 @@ stream went away mid-way: the data received so far is incomplete). Refusals carr
 code of the draft (``FetchErrorCode``/``SubscribeErrorCode``...); transfer failures carry the stream
 reset code or the session termination code. Transfer failures are also ``ConnectionError`` (so also
 ``OSError``), like aiohttp's client errors, so code that only knows the standard library still
-catches them. Errors are mapped from MOQT events in one place (``moqt.api._endpoint``).
+catches them. Errors are mapped from MOQT events in one place (``moqt.api.endpoint``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A kept-up session to a relay: connect, announce, and reconnect with backoff when it is lost.
 
-Used by a relay for its upstream relays (rack relay -> spine relay) and by a holder for its rack relay.
+Used by a relay for its upstream relays (rack relay -> spine relay) and by a publisher (a KVSP holder)
+for its rack relay.
 ``Publisher.connect_relay`` makes the session (we are the QUIC client), serves the relay's FETCH and
 SUBSCRIBE over it and announces the publisher's namespaces again on every new session. A session that
 ends, or whose peer sent GOAWAY (draining), is replaced; failed attempts wait ``backoff_delay``.
@@ -13,12 +14,13 @@ import contextlib
 import logging
 from typing import Final
 
-from moqt.api import Endpoint, Publisher
+from moqt.api.endpoint import Endpoint
+from moqt.api.publisher import Publisher
 from moqt.errors import MoqtError
 from moqt.profile import SessionErrorCode
 from moqt.quic import EndpointConfig
 
-log = logging.getLogger("kvsp.relay.upstream")
+log = logging.getLogger(__name__)
 
 POLL_S: Final = 0.2  # how often a held session is checked for GOAWAY (it carries no event of its own)
 

@@ -18,16 +18,6 @@ from collections import deque
 from collections.abc import Coroutine
 from typing import Any, Final, Protocol
 
-from moqt.api._logic import ObjectAssembler, RequestKind, RequestTracker
-from moqt.api.errors import (
-    MalformedTrackError,
-    MoqtApiError,
-    NamespaceRefused,
-    ReceiveBufferFull,
-    SessionLostError,
-    SetupRefused,
-)
-from moqt.api.objects import MoqtObject
 from moqt.auth import TokenClaims
 from moqt.errors import LocalError, MoqtError
 from moqt.events import (
@@ -70,6 +60,18 @@ from moqt.profile import (
 )
 from moqt.session import MoqtSession
 from moqt.tls import AuthMethod
+from moqt.tracks import (
+    MalformedTrackError,
+    MoqtApiError,
+    MoqtObject,
+    NamespaceRefused,
+    ObjectAssembler,
+    ReceiveBufferFull,
+    RequestKind,
+    RequestTracker,
+    SessionLostError,
+    SetupRefused,
+)
 
 log = logging.getLogger("moqt.api")
 

@@ -1,4 +1,4 @@
-"""Session state shared by the control handler, the data receiver and the public session facade.
+"""Session state shared by inbound control, outbound requests, the data streams and the facade.
 
 Why a plain state object: the session's parts (control dispatch, data streams, the public API) each
 read and change the same few tables -- requests by ID, track aliases, data streams -- and keeping
@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 from typing import Final
 
 from aioquic.quic.connection import QuicConnection
 
-from moqt._requests import RequestIds
 from moqt.data import (
     DEFAULT_MAX_EXTENSIONS_LENGTH,
     DEFAULT_MAX_OBJECT_SIZE,
@@ -27,59 +25,16 @@ from moqt.data import (
     StreamHeader,
     SubgroupWriter,
 )
-from moqt.errors import ProtocolViolation
+from moqt.errors import LocalError, ProtocolViolation, SessionClosedError
 from moqt.events import MoqtEvent
+from moqt.kinds import SessionError, StreamReset
 from moqt.messages import ControlMessage
-from moqt.profile import FilterType, GroupOrder, Profile, SessionErrorCode, StreamResetCode
-from moqt.wire import VARINT_MAX, Bytes, Location, Namespace
+from moqt.profiles import Profile
+from moqt.session.request_ids import RequestIds
+from moqt.session.requests import Request
+from moqt.wire import VARINT_MAX, Bytes
 
 _RETIRED_ALIASES_KEPT: Final = 4096
-
-
-class RequestKind(Enum):
-    SUBSCRIBE = "SUBSCRIBE"
-    TRACK_STATUS = "TRACK_STATUS"
-    FETCH = "FETCH"
-    PUBLISH = "PUBLISH"
-    PUBLISH_NAMESPACE = "PUBLISH_NAMESPACE"
-    SUBSCRIBE_NAMESPACE = "SUBSCRIBE_NAMESPACE"
-
-
-@dataclass(slots=True, eq=False)
-class Request:
-    """One open request, local (we sent it) or remote; removed from the table when it is over."""
-
-    request_id: int
-    kind: RequestKind
-    local: bool
-    namespace: Namespace = ()
-    track_name: bytes = b""
-    answered: bool = False
-    cancelled: bool = False
-    track_alias: int | None = None
-    filter_type: FilterType | None = None
-    start: Location | None = None
-    end_group: int | None = None
-    forward: bool = True
-    group_order: GroupOrder = GroupOrder.PUBLISHER_DEFAULT
-    fetch_start: Location | None = None  # a standalone FETCH's Start, to check FETCH_OK's End against
-    open_streams: set[int] = field(default_factory=set)  # publisher: data streams not yet finished
-    streams_opened: int = 0  # publisher: PUBLISH_DONE's Stream Count
-    streams_seen: int = 0  # subscriber: subgroup streams received
-    fetch_stream_done: bool = False
-    last_location: Location | None = None  # FETCH: last object received; PUBLISH: its Largest Location
-
-    @property
-    def we_publish(self) -> bool:
-        """True for a subscription whose objects we send (their SUBSCRIBE or our PUBLISH)."""
-        return (self.kind == RequestKind.SUBSCRIBE and not self.local) or (self.kind == RequestKind.PUBLISH
-                                                                           and self.local)
-
-    @property
-    def we_subscribe(self) -> bool:
-        """True for a subscription whose objects we receive (our SUBSCRIBE or their PUBLISH)."""
-        return (self.kind == RequestKind.SUBSCRIBE and self.local) or (self.kind == RequestKind.PUBLISH
-                                                                       and not self.local)
 
 
 @dataclass(slots=True, eq=False)
@@ -119,7 +74,7 @@ class SessionLimits:
     max_deferred_messages: int = 64
 
 
-class SessionCore:
+class SessionState:
     """The tables and the primitive QUIC writes; no protocol decisions live here."""
 
     def __init__(self, quic: QuicConnection, *, profile: Profile, is_client: bool, limits: SessionLimits,
@@ -145,6 +100,14 @@ class SessionCore:
         self.goaway_received = False
         self.goaway_sent = False
 
+    def check_open(self) -> SessionState:
+        """This state, for a send the application asked for; raises unless the session is up."""
+        if self.done:
+            raise SessionClosedError("the session is closed")
+        if not self.established:
+            raise LocalError("the session is not established yet")
+        return self
+
     def send_control(self, message: ControlMessage) -> None:
         if self.control_stream_id is None:
             raise RuntimeError("no control stream yet")
@@ -155,26 +118,26 @@ class SessionCore:
         which accepts any buffer, so payload views pass through without an extra copy here."""
         self.quic.send_stream_data(stream_id, data, end_stream)  # type: ignore[arg-type]
 
-    def close(self, error_code: int, reason: str) -> None:
+    def close(self, error: SessionError | int, reason: str) -> None:
         if not self.done:
             self.done = True
-            self.quic.close(error_code=error_code, reason_phrase=reason)
+            self.quic.close(error_code=self.profile.session_errors.code(error), reason_phrase=reason)
 
-    def stop_receiving(self, stream_id: int, code: int = StreamResetCode.CANCELLED) -> None:
+    def stop_receiving(self, stream_id: int, code: StreamReset | int = StreamReset.CANCELLED) -> None:
         with contextlib.suppress(ValueError):  # already finished and discarded by aioquic: nothing to stop
-            self.quic.stop_stream(stream_id, code)
+            self.quic.stop_stream(stream_id, self.profile.stream_resets.code(code))
 
-    def reset_sending(self, stream_id: int, code: int = StreamResetCode.CANCELLED) -> None:
+    def reset_sending(self, stream_id: int, code: StreamReset | int = StreamReset.CANCELLED) -> None:
         stream = self.outbound.get(stream_id)
         if stream is not None and not stream.closed:
             stream.closed = True
-            self.quic.reset_stream(stream_id, code)
+            self.quic.reset_stream(stream_id, self.profile.stream_resets.code(code))
             request = self.requests.get(stream.request_id)
             if request is not None:
                 request.open_streams.discard(stream_id)
         self.outbound.pop(stream_id, None)
 
-    def reset_request_streams(self, request: Request, code: int = StreamResetCode.CANCELLED) -> None:
+    def reset_request_streams(self, request: Request, code: StreamReset | int = StreamReset.CANCELLED) -> None:
         for stream_id in list(request.open_streams):
             self.reset_sending(stream_id, code)
 
@@ -186,7 +149,7 @@ class SessionCore:
     def register_inbound_alias(self, alias: int, request_id: int) -> None:
         """A Track Alias for a subscription we receive; reusing an active one closes the session."""
         if alias in self.inbound_aliases and self.draining.pop(alias, 0) == 0:
-            raise ProtocolViolation(SessionErrorCode.DUPLICATE_TRACK_ALIAS, f"Track Alias {alias} already in use")
+            raise ProtocolViolation(SessionError.DUPLICATE_TRACK_ALIAS, f"Track Alias {alias} already in use")
         self.retired_aliases.pop(alias, None)
         self.inbound_aliases[alias] = request_id
 

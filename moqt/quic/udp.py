@@ -1,4 +1,4 @@
-"""UDP sockets for the QUIC adapter: large buffers, and UDP GSO (generic segmentation offload) on Linux.
+"""UDP sockets for the QUIC endpoints: large buffers, and UDP GSO (generic segmentation offload) on Linux.
 
 Why GSO: aioquic hands the adapter a list of datagrams per transmit, and one ``sendto`` each costs a
 system call per datagram. With ``UDP_SEGMENT`` (Linux >= 4.18) a run of equal-sized datagrams to one

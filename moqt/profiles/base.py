@@ -1,0 +1,95 @@
+"""``Profile``: everything draft-specific that the codecs and the session read, as one frozen value.
+
+Why maps from draft-neutral names: the session decides in terms of ``moqt.kinds`` (SUBSCRIBE_OK,
+PROTOCOL_VIOLATION, TRACK_DOES_NOT_EXIST) and asks the profile for the number only where it reads or
+writes the wire, so a new draft is a new ``Profile`` value (its own module beside ``draft14``),
+not a fork of the session. The ``*_code`` methods also take a plain integer, unchanged: a caller
+that already holds a wire code (a relay passing one on) needs no name for it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from types import MappingProxyType
+from typing import Generic, TypeVar
+
+from moqt.kinds import (
+    AliasType,
+    FetchType,
+    FilterType,
+    GroupOrder,
+    MessageKind,
+    ObjectStatus,
+    PublishDoneStatus,
+    RequestError,
+    RequestParameter,
+    SessionError,
+    SetupParameter,
+    StreamReset,
+)
+
+N = TypeVar("N", bound=enum.Enum)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CodeMap(Generic[N]):
+    """One table of a draft: draft-neutral name <-> wire code point."""
+
+    codes: Mapping[N, int]
+    names: Mapping[int, N] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "codes", MappingProxyType(dict(self.codes)))
+        object.__setattr__(self, "names", MappingProxyType({int(c): n for n, c in self.codes.items()}))
+
+    @classmethod
+    def by_name(cls, names: type[N], codes: type[IntEnum]) -> CodeMap[N]:
+        """The map of two enums whose members share names (the draft's table written as an IntEnum)."""
+        return cls({name: int(codes[name.name]) for name in names if name.name in codes.__members__})
+
+    def code(self, name: N | int) -> int:
+        """The code point of ``name``; an integer is taken as a code point already and passed on."""
+        return name if isinstance(name, int) else self.codes[name]
+
+    def name(self, code: int) -> N | None:
+        """The name of ``code``; None for a code point this draft does not define."""
+        return self.names.get(code)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Profile:
+    """One draft's code points (name <-> number tables), parameter rules and limits."""
+
+    draft: int
+    version: int
+    alpn: str
+    message_types: CodeMap[MessageKind]
+    session_errors: CodeMap[SessionError]
+    request_errors: Mapping[MessageKind, CodeMap[RequestError]]  # by the message that carries the code
+    publish_done: CodeMap[PublishDoneStatus]
+    stream_resets: CodeMap[StreamReset]
+    group_orders: CodeMap[GroupOrder]
+    filter_types: CodeMap[FilterType]
+    fetch_types: CodeMap[FetchType]
+    object_statuses: CodeMap[ObjectStatus]
+    alias_types: CodeMap[AliasType]
+    setup_parameters: CodeMap[SetupParameter]
+    request_parameters: CodeMap[RequestParameter]
+    parameter_scope: Mapping[RequestParameter, frozenset[MessageKind]]  # messages that may carry each
+    request_messages: frozenset[MessageKind]  # messages that carry a new Request ID
+    control_length_bytes: int = 2
+    max_control_message_length: int = 0xFFFF
+    max_namespace_fields: int = 32
+    max_full_track_name_length: int = 4096
+    max_reason_phrase_length: int = 1024
+    max_goaway_uri_length: int = 8192
+    max_kvp_value_length: int = 0xFFFF
+    client_first_request_id: int = 0
+    server_first_request_id: int = 1
+
+    def request_error_code(self, message: MessageKind, error: RequestError | int) -> int:
+        """The Error Code of ``error`` in ``message`` (FETCH_ERROR, SUBSCRIBE_ERROR, ...)."""
+        return self.request_errors[message].code(error)

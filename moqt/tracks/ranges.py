@@ -1,0 +1,32 @@
+"""Which objects a FETCH or a new subscription covers: range checks and End Locations (draft-14 9.16)."""
+
+from __future__ import annotations
+
+from moqt.messages.subscribe import filter_start
+from moqt.profile import FetchErrorCode, FilterType
+from moqt.wire import Location
+
+
+def fetch_stop(end: Location) -> Location:
+    """The exclusive bound of a FETCH's End Location ("plus 1"; object 0 means the whole group)."""
+    return Location(end.group + 1, 0) if end.object == 0 else end
+
+
+def check_fetch(start: Location, end: Location, largest: Location | None) -> int | None:
+    """The FETCH_ERROR code for a standalone FETCH of a track whose largest object is ``largest``."""
+    if largest is None:
+        return FetchErrorCode.NO_OBJECTS
+    if start > largest or fetch_stop(end) <= start:
+        return FetchErrorCode.INVALID_RANGE
+    return None
+
+
+def fetch_ok_end(end: Location, largest: Location) -> Location:
+    """FETCH_OK's End Location: the request's, or just past ``largest`` when it asked beyond it."""
+    after_largest = Location(largest.group, largest.object + 1)
+    return after_largest if fetch_stop(end) > after_largest else end
+
+
+def subscription_start(filter_type: FilterType, start: Location | None, largest: Location | None) -> Location:
+    """Where a new subscription starts, given the track's largest object (None: nothing yet)."""
+    return filter_start(filter_type, start, largest) or Location(0, 0)
