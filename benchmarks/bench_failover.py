@@ -2,7 +2,7 @@
 
 Each system is ``kvsp serve pc,is``, two ``kvsp serve instance,holder`` processes and a cache holder
 (``kvsp serve holder``) with mutual TLS, started from TOML files written here, plus a front end that
-follows its session across instances (the harness of the system tests, tests/test_system_support.py).
+follows its session across instances (the harness of the system tests, control/deploy/system.py).
 The engine is the DeterministicTestEngine; it computes in microseconds, so it is given an artificial
 cost per token (``[instance] test_prefill_us_per_token`` / ``test_decode_us_per_token``).
 
@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.timing import Sample, case
+from control.deploy.fixtures import SCOPE, SCOPE_KEY
+from control.deploy.system import FrontEnd, Output, Settings, System, running_system
 from kvsp.client.holder import HolderClient
 from kvsp.client.index import IndexClient
 from kvsp.container import encode_container
@@ -43,8 +45,6 @@ from kvsp.engine import DeterministicTestEngine, greedy_sampler
 from kvsp.keys import block_keys
 from kvsp.records import LookupRequest
 from kvsp.registry import Codec
-from tests.test_instance_support import SCOPE, SCOPE_KEY
-from tests.test_system_support import FrontEnd, Output, Settings, System, running_system
 
 KILL_AT = 20  # tokens delivered before the SIGKILL
 DECODE_US = 20_000

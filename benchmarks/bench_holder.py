@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
-import socket
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import numpy as np
 from aiohttp import web
 
 from benchmarks.timing import case, measure
+from control.deploy.pki import loopback_uri
 from control.http import BLOCK_MEDIA_TYPE
 from control.serve import build_app
 from kvsp.container import decode_container, encode_container
@@ -67,13 +67,6 @@ class Setup:
     def block_path(self, role: str) -> str:
         c = DESCRIPTOR.compat_id.hex()
         return f"{self.uris[role]}blocks/{c}/{SCOPE.hex()}/{KEY.hex()}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _block() -> bytes:
@@ -189,7 +182,7 @@ async def _session(setup: Setup) -> aiohttp.ClientSession:
 def run(quick: bool = False) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="kvsp-bench-holder-") as tmp:
         directory = Path(tmp)
-        uris = {name: f"https://127.0.0.1:{_free_port()}/{name}/" for name in ROLES}
+        uris = {name: loopback_uri(name) for name in ROLES}
         make_dev_pki(directory, [RoleSpec(n, u) for n, u in uris.items()])
         (directory / "descriptor.json").write_text(json.dumps(DESCRIPTOR.to_json()))
         setup = Setup(directory, uris)

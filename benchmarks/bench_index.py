@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,8 @@ import uvloop
 from aiohttp import web
 
 from benchmarks.timing import case, paired
+from control.deploy.configs import IndexSection, PolicyFile, RoleFile, ScopeEntry, Tls
+from control.deploy.pki import loopback_uri
 from control.index.store import ReplicaIndex
 from kvsp.identifiers import role_id
 from kvsp.pki import RoleSpec, make_dev_pki
@@ -54,13 +55,6 @@ CONCURRENCIES = (1, 8, 32)
 JSON_TYPE = "application/kvsp+json"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _record(i: int, holder: str, layers: int = 0) -> ReplicaRecord:
     key = hashlib.sha256(i.to_bytes(8, "big")).digest()
     digests = tuple(hashlib.sha256(key + bytes([n])).digest() for n in range(layers))
@@ -72,14 +66,12 @@ def _record(i: int, holder: str, layers: int = 0) -> ReplicaRecord:
 
 # -- servers (each in its own process) ------------------------------------------------------------
 def _write_deployment(d: Path) -> dict[str, str]:
-    uris = {name: f"https://127.0.0.1:{_free_port()}/{name}/" for name in ("is", "bare", "client")}
+    uris = {name: loopback_uri(name) for name in ("is", "bare", "client")}
     make_dev_pki(d, [RoleSpec(n, u) for n, u in uris.items()])
     client = uris["client"]
-    (d / "policy.toml").write_text(
-        f'[[scope]]\nid = "{SCOPE.hex()}"\nlookup = ["{client}"]\nstore = ["{client}"]\n')
-    (d / "is.toml").write_text(
-        f'roles = ["is"]\npolicy = "policy.toml"\n[server]\nbase_uri = "{uris["is"]}"\n'
-        f'[tls]\ncert = "is.pem"\nkey = "is.key"\nca = "ca.pem"\n[is]\nsweep_interval_s = 60\n')
+    PolicyFile(scopes=[ScopeEntry(SCOPE.hex(), lookup=[client], store=[client])]).write(d / "policy.toml")
+    RoleFile(["is"], uris["is"], Tls.of("is"), "policy.toml", sections=[IndexSection(sweep_interval_s=60)]).write(
+        d / "is.toml")
     return uris
 
 

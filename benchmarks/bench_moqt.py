@@ -44,7 +44,6 @@ import hashlib
 import json
 import multiprocessing
 import pstats
-import socket
 import statistics
 import sys
 import tempfile
@@ -59,6 +58,8 @@ import uvloop
 from aiohttp import web
 
 from benchmarks.timing import Sample, add_check, case
+from control.deploy.pki import loopback_uri
+from control.deploy.ports import free_udp_port
 from control.holder.moqt import HOLDER_MOQT, HolderTrackSource
 from control.http import BLOCK_MEDIA_TYPE
 from control.serve import build_app
@@ -104,13 +105,6 @@ def block(i: int, mib: int = 2) -> bytes:
     layers = [(data[2 * n * section : (2 * n + 1) * section], data[(2 * n + 1) * section : (2 * n + 2) * section])
               for n in range(descriptor.layers)]
     return encode_container(Codec.RAW, 0, descriptor.block_tokens, layers)
-
-
-def _free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)
@@ -637,11 +631,11 @@ async def _clients(setup: Setup, pipe: Any) -> Clients:
 def run(quick: bool = False) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="kvsp-bench-moqt-") as tmp:
         directory = Path(tmp)
-        uris = {name: f"https://127.0.0.1:{_free_port()}/{name}/" for name in ROLES}
+        uris = {name: loopback_uri(name) for name in ROLES}
         make_dev_pki(directory, [RoleSpec(n, u) for n, u in uris.items()])
         for mib, descriptor in DESCRIPTORS.items():
             (directory / f"descriptor-{mib}.json").write_text(json.dumps(descriptor.to_json()))
-        setup = Setup(directory, uris, *(_free_port(socket.SOCK_DGRAM) for _ in range(4)))
+        setup = Setup(directory, uris, *(free_udp_port() for _ in range(4)))
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
         server = ctx.Process(target=_serve_main, daemon=True,

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +44,12 @@ from pathlib import Path
 import aiohttp
 
 from benchmarks.timing import Sample, case
+from control.deploy import configs
+from control.deploy.doubles import pc_double
+from control.deploy.fixtures import SCOPE, SCOPE_KEY
+from control.deploy.pki import DevPki
+from control.deploy.ports import free_udp_port
+from control.deploy.processes import role_processes
 from kvsp.client.holder import HolderClient
 from kvsp.client.index import IndexClient
 from kvsp.container import Geometry, encode_container
@@ -55,10 +60,6 @@ from kvsp.hf.refmodel import ModelShape, init_model
 from kvsp.keys import BlockKeyChain
 from kvsp.records import LookupRequest
 from kvsp.registry import Codec
-from tests.support import DevPki
-from tests.test_instance_moqt_support import free_udp_port
-from tests.test_instance_processes import child_env, stop_all, wait_listening
-from tests.test_instance_support import SCOPE, SCOPE_KEY, pc_double
 
 B = 16
 PROMPT_TAIL = 5
@@ -84,42 +85,31 @@ def _write_configs(pki: DevPki, tmp: Path, model: Path, moqt_port: int, blocks: 
     descriptor = descriptor_from_model_dir(model, block_tokens=B)
     (tmp / "model.json").write_text(json.dumps(descriptor.to_json()))
     (tmp / "scope.key").write_text(SCOPE_KEY.secret().hex())
-    everyone = json.dumps(list(pki.uris.values()))
-    (tmp / "policy.toml").write_text(f'pc = "{pki.uri("pc")}"\n[[scope]]\nid = "{SCOPE.hex()}"\n'
-                                     f"lookup = {everyone}\nread = {everyone}\nstore = {everyone}\n")
-    head = ('policy = "policy.toml"\n[server]\nbase_uri = "{uri}"\n'
-            '[tls]\ncert = "{n}.pem"\nkey = "{n}.key"\nca = "ca.pem"\n')
-    (tmp / "is.toml").write_text('roles = ["is"]\n' + head.format(uri=pki.uri("is"), n="is")
-                                 + '[is]\ndescriptors = ["model.json"]\n')
+    everyone = configs.ScopeEntry.open_to(SCOPE, list(pki.uris.values()))
+    configs.PolicyFile(pki.uri("pc"), scopes=[everyone]).write(tmp / "policy.toml")
+
+    def role_file(name: str, roles: str, *sections: configs.Section) -> configs.RoleFile:
+        return configs.RoleFile([roles], pki.uri(name), configs.Tls.of(name), "policy.toml", sections=sections)
+
+    role_file("is", "is", configs.IndexSection(descriptors=["model.json"])).write(tmp / "is.toml")
     moqt = f"moqt://127.0.0.1:{moqt_port}/h1"
-    (tmp / "h1.toml").write_text(
-        'roles = ["holder"]\n' + head.format(uri=pki.uri("h1"), n="h1")
-        + f'[holder]\nindex = "{pki.uri("is")}"\ndescriptors = ["model.json"]\nreplica_ttl_ms = 600000\n'
-        f'host_capacity_octets = {4 << 30}\nmoqt_listen = "127.0.0.1:{moqt_port}"\nmoqt_uri = "{moqt}"\n')
+    role_file("h1", "holder", configs.HolderSection(
+        index=pki.uri("is"), descriptors=["model.json"], replica_ttl_ms=600_000, host_capacity_octets=4 << 30,
+        moqt_listen=f"127.0.0.1:{moqt_port}", moqt_uri=moqt)).write(tmp / "h1.toml")
     for name, (over_moqt, overlap) in LOADERS.items():
         role = ROLE[name]
-        links = f'links = [{{ holder = "{moqt}", mbit_per_s = 100000.0, rtt_us = 10 }}]\n' if over_moqt else ""
-        (tmp / f"{role}.toml").write_text(
-            'roles = ["instance"]\n' + head.format(uri=pki.uri(role), n=role)
-            + f'[instance]\npc = "{pki.uri("pc")}"\nindex = "{pki.uri("is")}"\nengine = "hf:{model}"\n'
-            f'descriptors = ["model.json"]\nscope_keys = {{ "{SCOPE.hex()}" = "scope.key" }}\n'
-            f"memory_blocks_octets = 0\nload_timeout_ms = 120000\nfetch_concurrency = {min(blocks, MAX_FETCHES)}\n"
-            f"moqt_fetch = {str(over_moqt).lower()}\nlayerwise = {str(overlap).lower()}\n" + links)
+        role_file(role, "instance", configs.InstanceSection(
+            pc=pki.uri("pc"), index=pki.uri("is"), engine=f"hf:{model}", descriptors=["model.json"],
+            scope_keys={SCOPE.hex(): "scope.key"}, memory_blocks_octets=0, load_timeout_ms=120_000,
+            fetch_concurrency=min(blocks, MAX_FETCHES), moqt_fetch=over_moqt, layerwise=overlap,
+            links=[configs.HolderLink(moqt, 100_000.0, 10)] if over_moqt else None)).write(tmp / f"{role}.toml")
 
 
 @contextlib.asynccontextmanager
 async def _processes(pki: DevPki, tmp: Path) -> AsyncIterator[None]:
     names = {"is": "is", "h1": "holder", **{role: "instance" for role in ROLE.values()}}
-    procs = {name: subprocess.Popen([sys.executable, "-m", "control.cli", "serve", roles, "--config",
-                                     str(tmp / f"{name}.toml")], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, cwd=tmp, env=child_env())
-             for name, roles in names.items()}
-    try:
-        for name, proc in procs.items():
-            await wait_listening(pki, name, proc, timeout=TIMEOUT_S)
+    async with role_processes(names, tmp, {n: pki.port(n) for n in names}, timeout=TIMEOUT_S):
         yield
-    finally:
-        stop_all(procs.values())
 
 
 @dataclass

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
-import socket
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from control.deploy.configs import HolderSection, PolicyFile, RoleFile, ScopeEntry, Tls
+from control.deploy.pki import loopback_uri
 from kvsp.container import decode_container, encode_container, replica_digest, verify_layers
 from kvsp.descriptor import CompatDescriptor
 from kvsp.identifiers import role_id
@@ -85,8 +85,7 @@ def run(workdir: Path) -> None:
     _section_placement(record, d)
 
     _say(6, f"Development PKI (decision D1) in {workdir}")
-    uris = {"is": f"https://127.0.0.1:{_free_port()}/is/", "holder": f"https://127.0.0.1:{_free_port()}/holder/",
-            "engine": "https://engine.local/"}
+    uris = {"is": loopback_uri("is"), "holder": loopback_uri("holder"), "engine": "https://engine.local/"}
     for issued in make_dev_pki(workdir, [RoleSpec(name, uri) for name, uri in uris.items()]):
         print(f"  {issued.name:<7} {issued.uri:<40} {issued.cert_path.name}")
 
@@ -94,13 +93,6 @@ def run(workdir: Path) -> None:
     blocks = [encode_container(Codec.RAW, 0, d.block_tokens, make_block(d, seed=i)) for i in range(3)]
     asyncio.run(_storage_round_trip(workdir, uris, d, scope, keys=keys, blocks=blocks))
     print("\nDone. Each role runs on its own with: kvsp serve ROLE --config FILE (see docs/).")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def _storage_round_trip(workdir: Path, uris: dict[str, str], d: CompatDescriptor, scope: ScopeKey, *,
@@ -113,17 +105,14 @@ async def _storage_round_trip(workdir: Path, uris: dict[str, str], d: CompatDesc
     from kvsp.service.tls import TlsFiles, client_context  # noqa: PLC0415
 
     (workdir / "descriptor.json").write_bytes(d.canonical())
-    engine, holder = json.dumps(uris["engine"]), json.dumps(uris["holder"])
-    policy = (f'[[scope]]\nid = "{scope.scope_id.hex()}"\nlookup = [{engine}]\nread = [{engine}]\n'
-              f"store = [{engine}, {holder}]\n")
-    (workdir / "policy.toml").write_text(policy)
+    engine = [uris["engine"]]
+    PolicyFile(scopes=[ScopeEntry(scope.scope_id.hex(), engine, engine, [*engine, uris["holder"]])]).write(
+        workdir / "policy.toml")
     configs = {}
-    holder_table = f'[holder]\nindex = "{uris["is"]}"\ndescriptors = ["descriptor.json"]\n'
-    for role, extra in (("is", ""), ("holder", holder_table)):
-        text = (f'roles = ["{role}"]\npolicy = "policy.toml"\n[server]\nbase_uri = "{uris[role]}"\n'
-                f'[tls]\ncert = "{role}.pem"\nkey = "{role}.key"\nca = "ca.pem"\n{extra}')
-        (workdir / f"{role}.toml").write_text(text)
-        configs[role] = RoleConfig.load(workdir / f"{role}.toml")
+    holder = HolderSection(index=uris["is"], descriptors=["descriptor.json"])
+    for role, sections in (("is", ()), ("holder", (holder,))):
+        role_file = RoleFile([role], uris[role], Tls.of(role), "policy.toml", sections=sections)
+        configs[role] = RoleConfig.load(role_file.write(workdir / f"{role}.toml"))
     print(f"  configs written: {', '.join(sorted(p.name for p in workdir.glob('*.toml')))}")
     async with serving(configs["is"]), serving(configs["holder"]):
         tls = TlsFiles(workdir / "engine.pem", workdir / "engine.key", workdir / "ca.pem")

@@ -15,7 +15,6 @@ import functools
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections import deque
@@ -27,6 +26,7 @@ from typing import ClassVar, Final, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from control.deploy import ports
 from interop.content import BlockSpec
 from kvsp.pki import RoleSpec, make_dev_pki
 from moqt.auth import issue_token
@@ -112,10 +112,7 @@ def aiomoqt_version(python: Path) -> str:
 
 def free_udp_port() -> int:
     """A UDP port free on every interface right now (aiopquic servers bind 0.0.0.0, not a given host)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("0.0.0.0", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return ports.free_udp_port("0.0.0.0")
 
 
 # -- credentials -----------------------------------------------------------------------------------

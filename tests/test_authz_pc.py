@@ -19,16 +19,17 @@ from pathlib import Path
 
 import pytest
 
+from control.deploy.pki import DevPki
 from control.pc.core import SessionTable
-from kvsp.service.policy import Policy, ScopeGrant
 from control.serve import serving
 from control.up.layout import INSTANCES as UP_INSTANCES
 from control.up.layout import UpOptions, prepare
 from kvsp.errors import ValidationError
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import SessionCheckpoint, Shard, ShardMap
-from tests.conftest import APPENDIX_A_SCOPE_KEY, VECTORS
-from tests.support import DevPki, FakeClock, role_config, running
+from kvsp.service.policy import Policy, ScopeGrant
+from tests.support.servers import FakeClock, role_config, running
+from tests.support.vectors import APPENDIX_A_SCOPE_KEY, VECTORS
 from tests.test_pc_http import SCOPE as SCOPE_A
 from tests.test_pc_http import Env, InstanceDouble, checkpoint, problem_type
 

@@ -18,17 +18,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from control.deploy.pki import DevPki
 from control.index.app import INDEX, STATUS_BOARD
 from control.index.status import StatusBoard
 from control.index.store import ReplicaIndex
-from kvsp.service.policy import Policy, ScopeGrant
 from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient
 from kvsp.identifiers import TrackNamespace, role_id
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import InstanceStatus, Link, LookupRequest, ReplicaRecord
 from kvsp.registry import InstanceState
-from tests.support import DevPki, FakeClock, role_config, running
+from kvsp.service.policy import Policy, ScopeGrant
+from tests.support.servers import FakeClock, role_config, running
 from tests.test_index_http import COMPAT, SCOPE, check_problem, key, make_record
 
 RELAY = "moqt://127.0.0.1:4443/r1"  # the rack relay: also an identity of the deployment (its certificate)

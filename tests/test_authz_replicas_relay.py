@@ -15,20 +15,22 @@ from pathlib import Path
 
 import pytest
 
+from control.deploy.pki import DevPki
+from control.deploy.ports import free_udp_port
 from control.holder.app import HOLDER
 from control.holder.metrics import HolderMetrics
 from control.holder.publisher import Publisher
 from control.holder.store import BlockId
-from kvsp.service.metrics import Metrics
-from kvsp.service.policy import Policy, ScopeGrant
 from kvsp.client.holder import HolderClient
 from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient
 from kvsp.identifiers import TrackNamespace, role_id
 from kvsp.records import LookupRequest, ReplicaRecord
-from tests.support import DevPki, role_config, running
-from tests.test_moqt_kvsp import COMPAT, DESCRIPTOR, SCOPE, SECTION, container, free_udp_port, key, record_of
-from tests.test_relay_support import start_relay
+from kvsp.service.metrics import Metrics
+from kvsp.service.policy import Policy, ScopeGrant
+from tests.support.relay import start_relay
+from tests.support.servers import role_config, running
+from tests.test_moqt_kvsp import COMPAT, DESCRIPTOR, SCOPE, SECTION, container, key, record_of
 
 ONE_BLOCK = 2 * DESCRIPTOR.layers * SECTION  # K and V of every layer: the host tier holds one block
 

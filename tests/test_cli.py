@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from control import serve
+from control.deploy.configs import RoleFile, Tls
 from kvsp.service.config import KNOWN_ROLES
-from tests.conftest import (
+from tests.support.vectors import (
     APPENDIX_A_COMPAT_ID,
     APPENDIX_A_K0,
     APPENDIX_A_K1,
@@ -151,9 +152,7 @@ def test_demo_walkthrough_runs(tmp_path: Path) -> None:
 
 
 def test_serve_relay_without_its_table_is_one_line(tmp_path: Path) -> None:
-    config = tmp_path / "relay.toml"
-    config.write_text('roles = ["relay"]\n[server]\nbase_uri = "https://127.0.0.1:1/"\n'
-                      '[tls]\ncert = "a.pem"\nkey = "a.key"\nca = "ca.pem"\n')
+    config = RoleFile(["relay"], "https://127.0.0.1:1/", Tls("a.pem", "a.key", "ca.pem")).write(tmp_path / "relay.toml")
     assert_one_line_error(kvsp("serve", "relay", "--config", str(config)), "relay.listen")
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsp.service.policy import Policy, ScopeGrant
+from control.deploy.pki import DevPki
 from kvsp.client.fetch import BlockFetcher, FetchOptions, Outcome
 from kvsp.client.holder import BlockMiss, HolderClient, StoreOutcome
 from kvsp.client.http import KvspSession
@@ -24,7 +24,8 @@ from kvsp.container import Geometry, LayerRange, encode_container
 from kvsp.descriptor import CompatDescriptor
 from kvsp.records import LookupRequest
 from kvsp.registry import Codec
-from tests.support import DevPki, role_config, running
+from kvsp.service.policy import Policy, ScopeGrant
+from tests.support.servers import role_config, running
 
 SCOPE = bytes(range(16))
 DESCRIPTOR = CompatDescriptor(model="e2e-model", model_digest=hashlib.sha256(b"e2e").digest(),

@@ -9,14 +9,14 @@ from dataclasses import replace
 
 import pytest
 
+from control.deploy.ports import free_port
 from kvsp.client.fetch import BlockFetcher, ClientStats, FetchOptions, Outcome
 from kvsp.client.holder import HolderClient, HolderOptions
 from kvsp.container import LayerRange
 from kvsp.identifiers import TrackNamespace, role_id
 from kvsp.records import Link
 from kvsp.registry import Tier
-from tests.support import free_port
-from tests.test_client_doubles import (
+from tests.support.client_doubles import (
     COMPAT,
     LAYERS,
     SCOPE,

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from control.deploy.ports import free_port
 from kvsp.client.holder import BlockMiss, BlockStream, HolderClient, HolderOptions, MissReason, StoreOutcome
 from kvsp.client.http import TransportError
 from kvsp.client.verify import (
@@ -16,13 +17,13 @@ from kvsp.client.verify import (
     ReprDigestMismatchError,
     ReprDigestMissingError,
     UnexpectedBlockError,
+    VerifiedBlock,
     format_repr_digest,
 )
 from kvsp.container import LayerDigestMismatchError, LayerRange, decode_container, encode_parts
 from kvsp.errors import ContainerError
 from kvsp.problems import ProblemError, ProblemType
-from tests.support import free_port
-from tests.test_client_doubles import (
+from tests.support.client_doubles import (
     COMPAT,
     LAYERS,
     SCOPE,
@@ -46,7 +47,8 @@ async def client(doubles: Doubles) -> AsyncIterator[HolderClient]:
         await session.close()
 
 
-async def get(client: HolderClient, doubles: Doubles, i: int, holder: str = "h1", **kw: object) -> object:
+async def get(client: HolderClient, doubles: Doubles, i: int, holder: str = "h1",
+              **kw: object) -> VerifiedBlock | BlockMiss:
     record = next(r for r in doubles.index.replicas[key_of(i)] if r.holder == doubles[holder].uri)
     return await client.get_block(record.holder, COMPAT, SCOPE, key_of(i), expect=record, **kw)  # type: ignore[arg-type]
 
@@ -55,10 +57,10 @@ async def test_get_block_verifies_and_returns_the_container(client: HolderClient
     publish(doubles, 0, "h1")
     block = await get(client, doubles, 0)
     assert not isinstance(block, BlockMiss)
-    assert bytes(block.container.data) == bytes(decode_container(make_container(0)).data)  # type: ignore[union-attr]
-    assert block.replica_verified  # type: ignore[union-attr]
-    assert len(block.layer_digests) == LAYERS  # type: ignore[union-attr]
-    assert block.repr_digest == hashlib.sha256(make_container(0)).digest()  # type: ignore[union-attr]
+    assert bytes(block.container.data) == bytes(decode_container(make_container(0)).data)
+    assert block.replica_verified
+    assert len(block.layer_digests) == LAYERS
+    assert block.repr_digest == hashlib.sha256(make_container(0)).digest()
     # Mutual TLS: the holder saw the client's certificate identity.
     assert doubles["h1"].peers == [doubles.pki.uri("client")]
 
@@ -162,9 +164,9 @@ async def test_layer_range_is_requested_and_verified(client: HolderClient, doubl
     (record,) = publish(doubles, 0, "h1")
     block = await get(client, doubles, 0, layers=(1, 2))
     assert not isinstance(block, BlockMiss)
-    assert [v.layer for v in block.layers] == [1, 2]  # type: ignore[union-attr]
-    assert block.layer_digests == record.layer_digests[1:3]  # type: ignore[union-attr]
-    assert not block.replica_verified  # type: ignore[union-attr]  # not all layers
+    assert [v.layer for v in block.layers] == [1, 2]
+    assert block.layer_digests == record.layer_digests[1:3]
+    assert not block.replica_verified  # not all layers
     assert doubles["h1"].gets[-1][1] == "layers=1-2"
 
 

@@ -8,7 +8,7 @@ from kvsp.client.ranking import LinkTable, eligible, estimate_us, full_range, ne
 from kvsp.container import LayerRange
 from kvsp.records import Link, Residency
 from kvsp.registry import Tier
-from tests.test_client_doubles import LAYERS, key_of, make_container, make_record
+from tests.support.client_doubles import LAYERS, key_of, make_container, make_record
 
 DATA = make_container(0)
 

@@ -7,6 +7,7 @@ import base64
 import hashlib
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -35,7 +36,7 @@ from kvsp.container import (
     replica_digest,
 )
 from kvsp.errors import ContainerError, DigestMismatchError
-from tests.test_client_doubles import LAYERS, TOKENS, key_of, make_container, make_record
+from tests.support.client_doubles import LAYERS, TOKENS, key_of, make_container, make_record
 
 HOLDER = "https://h.example/kvsp/"
 DATA = make_container(0)
@@ -44,9 +45,9 @@ SHA = hashlib.sha256(DATA).digest()
 
 
 @pytest.fixture(scope="module")
-def executor() -> ThreadPoolExecutor:
+def executor() -> Iterator[ThreadPoolExecutor]:
     with ThreadPoolExecutor(2) as pool:
-        yield pool  # type: ignore[misc]
+        yield pool
 
 
 # -- Repr-Digest (RFC 9530) --------------------------------------------------------------------------------
@@ -315,7 +316,7 @@ class _CountingExecutor(ThreadPoolExecutor):
         super().__init__(1)
         self.jobs = 0
 
-    def submit(self, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+    def submit(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         self.jobs += 1
         return super().submit(*args, **kwargs)
 

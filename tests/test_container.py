@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import random
 import struct
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -53,6 +54,9 @@ APPENDIX_A_HEADER = bytes.fromhex(
     "00 00 20 00"
 )
 APPENDIX_A_GEOMETRY = Geometry(kv_heads=8, head_dim=128, element_size=2)  # bf16
+
+if TYPE_CHECKING:
+    from kvsp.container import BufferLike
 
 
 def appendix_a_data() -> bytes:
@@ -273,7 +277,7 @@ def test_encode_takes_any_section_buffer_in_one_call() -> None:
     """Memoryviews, bytes, numpy arrays of other dtypes and shapes, 'b' views: all encode alike (in one call)."""
     raw = [bytes(range(i, i + 16)) for i in range(6)]
     expected = encode_container(Codec.RAW, 0, 2, [(raw[0], raw[1]), (raw[2], raw[3]), (raw[4], raw[5])])
-    mixed = [(memoryview(raw[0]), bytearray(raw[1])),
+    mixed: list[tuple[BufferLike, BufferLike]] = [(memoryview(raw[0]), bytearray(raw[1])),
              (np.frombuffer(raw[2], dtype=np.float16).reshape(2, 4), memoryview(raw[3]).cast("b")),
              (memoryview(raw[4] + b"xx")[:16], np.frombuffer(raw[5], dtype=np.uint8))]
     assert encode_container(Codec.RAW, 0, 2, mixed) == expected

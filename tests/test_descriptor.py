@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kvsp.descriptor import CompatDescriptor, check_positional
 from kvsp.errors import ValidationError
-from tests.conftest import APPENDIX_A_COMPAT_ID, VECTORS
+from tests.support.vectors import APPENDIX_A_COMPAT_ID, VECTORS
 
 APPENDIX_TEXT = (VECTORS / "appendix_a_descriptor.json").read_text()
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from kvsp.service.config import RoleConfig
 from control.frontend.openai import ApiError, Limits, chunk, parse_completion, sse
 from control.frontend.settings import FrontendSettings
 from control.frontend.tokenizer import ByteTokenizer, TextStream
 from control.up.layout import bytes_model_descriptor
 from kvsp.errors import ValidationError
+from kvsp.service.config import RoleConfig
 
 LIMITS = Limits("kvsp-test", max_prompt_tokens=64, max_tokens_limit=100)
 TOK = ByteTokenizer()

@@ -21,11 +21,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from kvsp.service.policy import Policy
-from kvsp.service.tls import server_context
+from control.deploy.pki import DevPki
+from control.deploy.ports import free_port
 from control.up.layout import bytes_model_descriptor
 from kvsp.records.generation import GenerateRequest
-from tests.support import DevPki, free_port, role_config, running
+from kvsp.service.policy import Policy
+from kvsp.service.tls import server_context
+from tests.support.servers import role_config, running
 
 REFERENCE = [72, 101, 108, 108, 111, 0xE2, 0x82, 0xAC, 33, 10]  # "Hello€!\n" as bytes tokens
 BREAK_AFTER = 5

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from control.deploy.pki import DevPki
 from control.holder.app import HOLDER
-from kvsp.service.policy import Policy, ScopeGrant
 from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient
 from kvsp.container import decode_container
 from kvsp.records import LookupRequest
-from tests.support import DevPki, FakeClock, role_config, running
-from tests.test_holder_support import SCOPE, block_id, container, descriptor, write_descriptor
+from kvsp.service.policy import Policy, ScopeGrant
+from tests.support.holder import SCOPE, block_id, container, descriptor, write_descriptor
+from tests.support.servers import FakeClock, role_config, running
 
 pytest.importorskip("control.index.app")
 holder_client = pytest.importorskip("kvsp.client.holder")

@@ -14,18 +14,18 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from kvsp.service.config import RoleConfig
+from control.deploy.pki import DevPki
 from control.holder.app import HOLDER, format_repr_digest, parse_repr_digest
 from control.holder.moqt import BlockTrack
 from control.holder.service import Holder
-from kvsp.service.policy import Quotas
 from kvsp.container import LayerRange, decode_container
 from kvsp.errors import ValidationError
 from kvsp.problems import PROBLEM_TYPE_BASE
 from kvsp.records import ReplicaRecord
+from kvsp.service.config import RoleConfig
+from kvsp.service.policy import Quotas
 from moqt.wire import Location
-from tests.support import DevPki, FakeClock, role_config, running
-from tests.test_holder_support import (
+from tests.support.holder import (
     OTHER_SCOPE,
     SCOPE,
     block_id,
@@ -34,6 +34,7 @@ from tests.test_holder_support import (
     restricted_policy,
     write_descriptor,
 )
+from tests.support.servers import FakeClock, role_config, running
 
 D = descriptor(layers=4, kv_heads=2, head_dim=8, block_tokens=4)
 JSON = {"Content-Type": "application/kvsp+json"}

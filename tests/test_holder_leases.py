@@ -8,10 +8,10 @@ import itertools
 import pytest
 
 from control.holder.leases import LeaseQuotaError, LeaseTable, new_lease_id
-from kvsp.service.policy import Quotas
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import LeaseRenewal, LeaseRequest
 from kvsp.records.lease import check_lease_id
+from kvsp.service.policy import Quotas
 
 K1, K2, K3 = (bytes([i]) * 32 for i in (1, 2, 3))
 SIZES = {K1: 100, K2: 200, K3: 300}

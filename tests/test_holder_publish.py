@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kvsp.service.config import RoleConfig
+from control.deploy.pki import DevPki
 from control.holder.app import HOLDER
 from control.holder.publisher import RefreshSchedule
 from control.holder.service import Holder
@@ -22,8 +22,8 @@ from control.holder.store import BlockId
 from kvsp.container import decode_container
 from kvsp.identifiers import role_id
 from kvsp.registry import Tier
-from tests.support import DevPki, FakeClock, role_config, running
-from tests.test_holder_support import (
+from kvsp.service.config import RoleConfig
+from tests.support.holder import (
     IndexDouble,
     block_id,
     container,
@@ -32,6 +32,7 @@ from tests.test_holder_support import (
     restricted_policy,
     write_descriptor,
 )
+from tests.support.servers import FakeClock, role_config, running
 
 D = descriptor(layers=4, kv_heads=2, head_dim=8, block_tokens=4)
 DATA = 2 * D.layers * D.section_length(D.block_tokens)  # layer data octets of one block

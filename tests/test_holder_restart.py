@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from control.deploy.pki import DevPki
 from control.holder import disk as disk_module
 from control.holder.app import HOLDER
 from control.holder.disk import (
@@ -47,8 +48,8 @@ from kvsp.container import ContainerHeader, LayerRange, decode_container
 from kvsp.records import LookupRequest
 from kvsp.registry import Tier
 from kvsp.service.policy import Policy, ScopeGrant
-from tests.support import DevPki, FakeClock, role_config, running
-from tests.test_holder_support import SCOPE, block_id, container, descriptor, meta_of, write_descriptor
+from tests.support.holder import SCOPE, block_id, container, descriptor, meta_of, write_descriptor
+from tests.support.servers import FakeClock, role_config, running
 
 D = descriptor(layers=6, kv_heads=2, head_dim=8, block_tokens=4)
 D2 = descriptor(layers=6, kv_heads=2, head_dim=8, block_tokens=4, model="another-model")

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from kvsp.service.config import RoleConfig, ServerConfig
 from control.holder.settings import DEFAULT_KEY_FILE, HolderSettings
-from kvsp.service.policy import Policy
 from kvsp.errors import ValidationError
-from tests.test_holder_support import descriptor, write_descriptor
+from kvsp.service.config import RoleConfig, ServerConfig
+from kvsp.service.policy import Policy
+from tests.support.holder import descriptor, write_descriptor
 
 
 def config(tmp: Path, **holder: object) -> RoleConfig:

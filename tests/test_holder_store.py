@@ -25,7 +25,7 @@ from control.holder.store import (
 )
 from kvsp.container import LayerRange
 from kvsp.registry import Tier
-from tests.test_holder_support import block_id, container, descriptor, meta_of
+from tests.support.holder import block_id, container, descriptor, meta_of
 
 HOST, DISK = Tier.HOST, Tier.LOCAL_STORAGE
 D = descriptor(layers=4, kv_heads=2, head_dim=8, block_tokens=4)  # 128-octet sections, 256 per layer

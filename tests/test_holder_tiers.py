@@ -15,7 +15,7 @@ from control.holder.files import load_or_create_key
 from control.holder.store import BlockId, BlockMeta
 from control.holder.tiers import HostTier, RateMeter, StorageCorruptError, StorageMissingError, TierError
 from kvsp.container import LayerRange, decode_container
-from tests.test_holder_support import block_id, container, descriptor, meta_of
+from tests.support.holder import block_id, container, descriptor, meta_of
 
 D = descriptor(layers=6, kv_heads=2, head_dim=8, block_tokens=4)
 KEY = bytes(range(32))

@@ -1,6 +1,6 @@
 """Integers in the instance's queries (``from``, ``tokens``, ``version``) are ASCII decimals or 400
 Problem Details, and the token stream checks its request before it sends the first byte of its
-answer.  Real instances on loopback with mutual TLS (`tests.test_instance_support.world`)."""
+answer.  Real instances on loopback with mutual TLS (`tests.support.instance.world`)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 from yarl import URL
 
+from control.deploy.pki import DevPki
 from kvsp.engine import top_p_sampler
 from kvsp.problems import PROBLEM_MEDIA_TYPE
-from tests.support import DevPki
+from tests.support.instance import NAMES, World, start_body, tokens_of, world
 from tests.test_http_hygiene_roles import BAD_INTEGERS
-from tests.test_instance_support import NAMES, World, start_body, tokens_of, world
 
 MAP = "m7"
 BLOCK = {"Content-Type": "application/kvsp-block"}

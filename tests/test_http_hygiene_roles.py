@@ -26,14 +26,16 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from yarl import URL
 
-from kvsp.service.config import RoleConfig
+from control.deploy.pki import DevPki
+from control.deploy.ports import free_port
 from control.http import INSECURE_IDENTITY_HEADER, make_app
-from kvsp.service.tls import TlsFiles, client_context
 from kvsp.pki import CA_CERT, CA_KEY
 from kvsp.problems import PROBLEM_MEDIA_TYPE
-from tests.support import DevPki, FakeClock, free_port, role_config, running
+from kvsp.service.config import RoleConfig
+from kvsp.service.tls import TlsFiles, client_context
+from tests.support.holder import block_id, container, restricted_policy, write_descriptor
+from tests.support.servers import FakeClock, role_config, running
 from tests.test_holder_http import PUT_HEADERS, D, config
-from tests.test_holder_support import block_id, container, restricted_policy, write_descriptor
 
 # Integers int() mishandles: a superscript (isdigit, then ValueError), fullwidth and Arabic-Indic digits
 # (accepted by int()), signs, whitespace, separators, and more digits than int() converts.

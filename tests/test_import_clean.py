@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 ADAPTERS = ("asyncio", "aiohttp", "aioquic")
 
-MOQT_CORES = ("moqt.wire", "moqt.messages", "moqt.data", "moqt.profile", "moqt.session", "moqt.auth",
+MOQT_CORES = ("moqt.wire", "moqt.messages", "moqt.data", "moqt.profiles", "moqt.session", "moqt.auth",
               "moqt.tls", "moqt.tracks")
 OTHER_CORES = ("relay.core", "kvsp.moqt_binding", "kvsp.container", "kvsp.container_stream", "kvsp.records",
                "kvsp.descriptor", "kvsp.keys", "kvsp.placement", "kvsp.identifiers", "kvsp.problems", "kvsp.numbers",

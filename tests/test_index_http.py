@@ -18,11 +18,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from control.deploy.pki import DevPki
 from control.index.app import INDEX, STATUS_BOARD
 from control.index.settings import IndexSettings
 from control.index.status import StatusBoard
 from control.index.store import ReplicaIndex
-from kvsp.service.policy import Policy, Quotas, ScopeGrant
 from control.serve import build_app
 from kvsp import placement
 from kvsp.client.http import KvspSession, TransportError
@@ -33,8 +33,9 @@ from kvsp.pki import RoleSpec, make_dev_pki
 from kvsp.problems import PROBLEM_MEDIA_TYPE, ProblemError, ProblemType
 from kvsp.records import InstanceStatus, Link, LookupRequest, ReplicaRecord, Residency
 from kvsp.registry import InstanceState, Tier
-from tests.conftest import APPENDIX_A_COMPAT_ID, APPENDIX_A_SCOPE_ID, VECTORS
-from tests.support import DevPki, FakeClock, role_config, running
+from kvsp.service.policy import Policy, Quotas, ScopeGrant
+from tests.support.servers import FakeClock, role_config, running
+from tests.support.vectors import APPENDIX_A_COMPAT_ID, APPENDIX_A_SCOPE_ID, VECTORS
 
 SCOPE = bytes.fromhex(APPENDIX_A_SCOPE_ID)
 OTHER_SCOPE = bytes.fromhex("00112233445566778899aabbccddeeff")

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -28,28 +27,29 @@ import aiohttp
 import numpy as np
 import pytest
 
+from control.deploy import configs
+from control.deploy.pki import DevPki
+from control.deploy.ports import free_udp_port
+from control.deploy.processes import role_processes, serve
 from kvsp.client.fetch import BlockFetcher, FetchOptions
 from kvsp.client.moqt import MoqtBlockClient
 from kvsp.container import encode_container, replica_digest
 from kvsp.descriptor import CompatDescriptor
-from kvsp.engine import greedy_sampler
+from kvsp.engine import LayerKv, greedy_sampler
 from kvsp.hf.descriptor import descriptor_from_model_dir
 from kvsp.hf.engine import HfEngine, HfModel
 from kvsp.hf.refmodel import ModelShape, init_model
 from kvsp.keys import BlockKeyChain
 from kvsp.records import Link, LookupRequest
 from kvsp.registry import Codec
-from tests.support import DevPki
-from tests.test_instance_moqt_support import (
+from tests.support.instance import SCOPE, SCOPE_KEY, pc_double
+from tests.support.instance_moqt import (
     SlowBlocks,
-    free_udp_port,
     gate_engines,
     moqt_world,
     slow_https_holder,
     slow_moqt_holder,
 )
-from tests.test_instance_processes import child_env, stop_all, wait_listening
-from tests.test_instance_support import SCOPE, SCOPE_KEY, pc_double
 
 B = 4
 SHAPE = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, vocab=300, max_positions=1024)
@@ -104,40 +104,29 @@ def write_configs(pki: DevPki, tmp: Path, model: Path, ports: dict[str, int]) ->
     descriptor = descriptor_from_model_dir(model, block_tokens=B)
     (tmp / "model.json").write_text(json.dumps(descriptor.to_json()))
     (tmp / "scope.key").write_text(SCOPE_KEY.secret().hex())
-    everyone = json.dumps([pki.uri(n) for n in ("pc", "ii1", "ii2", "fe")])
-    (tmp / "policy.toml").write_text(f'pc = "{pki.uri("pc")}"\n[[scope]]\nid = "{SCOPE.hex()}"\n'
-                                     f"lookup = {everyone}\nread = {everyone}\nstore = {everyone}\n")
-    head = ('policy = "policy.toml"\n[server]\nbase_uri = "{uri}"\n'
-            '[tls]\ncert = "{n}.pem"\nkey = "{n}.key"\nca = "ca.pem"\n')
-    (tmp / "is.toml").write_text('roles = ["is"]\n' + head.format(uri=pki.uri("is"), n="is")
-                                 + '[is]\ndescriptors = ["model.json"]\n')
-    for name, extra in (("ii1", ""), ("ii2", "moqt_fetch = true\nlinks = [{ holder = "
-                                             f'"moqt://127.0.0.1:{ports["ii1"]}/ii1", mbit_per_s = 100000.0, '
-                                             "rtt_us = 10 }]\n")):
-        (tmp / f"{name}.toml").write_text(
-            'roles = ["instance", "holder"]\n' + head.format(uri=pki.uri(name), n=name)
-            + f'[holder]\nindex = "{pki.uri("is")}"\ndescriptors = ["model.json"]\nreplica_ttl_ms = 60000\n'
-            f'moqt_listen = "127.0.0.1:{ports[name]}"\nmoqt_uri = "moqt://127.0.0.1:{ports[name]}/{name}"\n'
-            f'[instance]\npc = "{pki.uri("pc")}"\nindex = "{pki.uri("is")}"\nengine = "hf:{model}"\n'
-            f'scope_keys = {{ "{SCOPE.hex()}" = "scope.key" }}\nhf_chunk_tokens = {B}\nlayerwise = true\n' + extra)
-
-
-def serve(tmp: Path, name: str, roles: str) -> subprocess.Popen[bytes]:
-    config = str(tmp / f"{name}.toml")
-    return subprocess.Popen([sys.executable, "-m", "control.cli", "serve", roles, "--config", config],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp, env=child_env())
+    everyone = configs.ScopeEntry.open_to(SCOPE, [pki.uri(n) for n in ("pc", "ii1", "ii2", "fe")])
+    configs.PolicyFile(pki.uri("pc"), scopes=[everyone]).write(tmp / "policy.toml")
+    index = configs.IndexSection(descriptors=["model.json"])
+    is_file = configs.RoleFile(["is"], pki.uri("is"), configs.Tls.of("is"), "policy.toml", sections=[index])
+    is_file.write(tmp / "is.toml")
+    for name in ("ii1", "ii2"):
+        holder = configs.HolderSection(index=pki.uri("is"), descriptors=["model.json"], replica_ttl_ms=60_000,
+                                       moqt_listen=f"127.0.0.1:{ports[name]}",
+                                       moqt_uri=f"moqt://127.0.0.1:{ports[name]}/{name}")
+        instance = configs.InstanceSection(pc=pki.uri("pc"), index=pki.uri("is"), engine=f"hf:{model}",
+                                           scope_keys={SCOPE.hex(): "scope.key"}, hf_chunk_tokens=B, layerwise=True)
+        if name == "ii2":
+            link = configs.HolderLink(f"moqt://127.0.0.1:{ports['ii1']}/ii1", 100_000.0, 10)
+            instance = dataclasses.replace(instance, moqt_fetch=True, links=[link])
+        configs.RoleFile(["instance", "holder"], pki.uri(name), configs.Tls.of(name), "policy.toml",
+                         sections=[holder, instance]).write(tmp / f"{name}.toml")
 
 
 @contextlib.asynccontextmanager
 async def processes(pki: DevPki, tmp: Path) -> AsyncIterator[None]:
-    procs = {"is": serve(tmp, "is", "is"), "ii1": serve(tmp, "ii1", "instance,holder"),
-             "ii2": serve(tmp, "ii2", "instance,holder")}
-    try:
-        for name, proc in procs.items():
-            await wait_listening(pki, name, proc, timeout=T)
+    roles = {"is": "is", "ii1": "instance,holder", "ii2": "instance,holder"}
+    async with role_processes(roles, tmp, {n: pki.port(n) for n in roles}, timeout=T):
         yield
-    finally:
-        stop_all(procs.values())
 
 
 async def generate(http: aiohttp.ClientSession, fe: aiohttp.ClientSession, uri: str, prompt: Sequence[int],
@@ -226,7 +215,8 @@ async def test_two_instances_share_a_prefix_over_moqt_and_https(tmp_path: Path, 
                 result = await through.fetch(SCOPE, descriptor.compat_id, keys_a, block_tokens=B)
                 assert result.loaded_blocks == 3
                 assert {r.replica.holder.split(":")[0] for r in result.blocks} == {want}
-                loaded = model.engine().prefill(PROMPT_A, [[lk for lk in b.layers] for b in result.blocks])
+                prefix = [[LayerKv(v.layer, v.k, v.v) for v in b.layers] for b in result.blocks]
+                loaded = model.engine().prefill(PROMPT_A, prefix)
                 assert np.array_equal(loaded.logits, full), want
         finally:
             await client.close()
@@ -245,7 +235,7 @@ async def test_a_changed_weight_file_is_another_model(tmp_path: Path, model_dir:
     write_configs(pki, tmp_path, model_dir, {"ii1": free_udp_port(), "ii2": free_udp_port()})
     config = (tmp_path / "ii1.toml").read_text().replace(f"hf:{model_dir}", f"hf:{changed}")
     (tmp_path / "ii1.toml").write_text(config)
-    proc = serve(tmp_path, "ii1", "instance,holder")
+    proc = serve("instance,holder", tmp_path / "ii1.toml")
     _, err = proc.communicate(timeout=T)
     lines = err.decode().strip().splitlines()
     assert proc.returncode != 0 and len(lines) == 1, lines

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from control.deploy.pki import DevPki
 from control.holder.store import BlockId
 from control.instance.records import EndLine
-from kvsp.service.policy import Quotas
 from kvsp.client.index import IndexClient
 from kvsp.engine import greedy_sampler, top_p_sampler
 from kvsp.registry import InstanceState
-from tests.support import DevPki
-from tests.test_instance_support import (
+from kvsp.service.policy import Quotas
+from tests.support.instance import (
     COMPAT,
     NAMES,
     PROMPT,

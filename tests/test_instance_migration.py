@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from control.deploy.pki import DevPki
 from control.instance.core import OutputToken
 from control.instance.records import EndLine
 from kvsp.engine import greedy_sampler, top_p_sampler
 from kvsp.output import OutputAssembler
 from kvsp.records import Sampler, SessionCheckpoint
-from tests.support import DevPki
-from tests.test_instance_support import (
+from tests.support.instance import (
     COMPAT,
     NAMES,
     PROMPT,

@@ -15,10 +15,11 @@ import dataclasses
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from kvsp.service.config import RoleConfig
+from control.deploy.pki import DevPki
 from control.holder.app import HOLDER
 from control.instance.engines import engine_factory
 from control.instance.settings import InstanceSettings, Layerwise
@@ -31,16 +32,8 @@ from kvsp.errors import ValidationError
 from kvsp.identifiers import TrackNamespace, role_id
 from kvsp.records import Link
 from kvsp.registry import Codec
-from tests.support import DevPki, role_config, running
-from tests.test_instance_moqt_support import (
-    SlowBlocks,
-    T,
-    gate_engines,
-    moqt_world,
-    slow_https_holder,
-    slow_moqt_holder,
-)
-from tests.test_instance_support import (
+from kvsp.service.config import RoleConfig
+from tests.support.instance import (
     COMPAT,
     DESCRIPTOR,
     NAMES,
@@ -55,6 +48,15 @@ from tests.test_instance_support import (
     start_body,
     write_files,
 )
+from tests.support.instance_moqt import (
+    SlowBlocks,
+    T,
+    gate_engines,
+    moqt_world,
+    slow_https_holder,
+    slow_moqt_holder,
+)
+from tests.support.servers import role_config, running
 
 LAYERS = DESCRIPTOR.layers
 FAST_MOQT_LINK = {"holder": "h1-moqt", "mbit_per_s": 100_000.0, "rtt_us": 10}  # cheaper than the https default
@@ -67,7 +69,7 @@ RECOMPUTED = "kvsp_instance_tokens_recomputed_total"
 @pytest.mark.parametrize("over", ["https", "moqt"])
 async def test_start_loads_the_cached_prefix_over_https_or_moqt(tmp_path: Path, over: str) -> None:
     pki = DevPki.make(tmp_path, NAMES)
-    settings: dict[str, object] = {"moqt_fetch": True, "links": [FAST_MOQT_LINK]} if over == "moqt" else {}
+    settings: dict[str, Any] = {"moqt_fetch": True, "links": [FAST_MOQT_LINK]} if over == "moqt" else {}
     async with moqt_world(pki, tmp_path, **settings) as world:
         keys = keys_of(PROMPT)
         client = HolderClient(world.session)

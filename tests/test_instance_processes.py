@@ -11,26 +11,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 
+from control.deploy.configs import HolderSection, IndexSection, InstanceSection, PolicyFile, RoleFile, ScopeEntry, Tls
+from control.deploy.pki import DevPki
+from control.deploy.processes import serve, wait_listening
 from control.instance.core import OutputToken
 from control.instance.records import EndLine, TokenLine, parse_token_line
 from kvsp.client.index import IndexClient
 from kvsp.engine import top_p_sampler
 from kvsp.output import OutputAssembler
 from kvsp.records import LookupRequest
-from tests.support import DevPki
-from tests.test_instance_support import (
+from tests.support.instance import (
     COMPAT,
     NAMES,
     PROMPT,
@@ -40,63 +39,26 @@ from tests.test_instance_support import (
     start_body,
     write_files,
 )
-from tests.test_instance_support import pc_double as make_pc_double
+from tests.support.instance import pc_double as make_pc_double
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = {"is": "is", "h1": "holder", "ii1": "instance,holder", "ii2": "instance,holder"}
 
 
-def child_env() -> dict[str, str]:
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{path}" if path else str(REPO)}
-
-
 def write_configs(pki: DevPki, tmp: Path) -> None:
     model, key = write_files(tmp)
-    everyone = json.dumps([pki.uri(n) for n in ("pc", "ii1", "ii2", "fe", "h1")])
-    (tmp / "policy.toml").write_text(f'pc = "{pki.uri("pc")}"\n[[scope]]\nid = "{SCOPE.hex()}"\n'
-                                     f"lookup = {everyone}\nread = {everyone}\nstore = {everyone}\n")
-    head = ('policy = "policy.toml"\n[server]\nbase_uri = "{uri}"\n'
-            '[tls]\ncert = "{n}.pem"\nkey = "{n}.key"\nca = "ca.pem"\n')
-    holder = f'[holder]\nindex = "{pki.uri("is")}"\ndescriptors = ["{model}"]\nreplica_ttl_ms = 60000\n'
-    (tmp / "is.toml").write_text('roles = ["is"]\n' + head.format(uri=pki.uri("is"), n="is")
-                                 + f'[is]\ndescriptors = ["{model}"]\n')
-    (tmp / "h1.toml").write_text('roles = ["holder"]\n' + head.format(uri=pki.uri("h1"), n="h1") + holder)
+    PolicyFile(pki.uri("pc"), scopes=[ScopeEntry.open_to(SCOPE, [pki.uri(n) for n in ("pc", "ii1", "ii2", "fe", "h1")])]
+               ).write(tmp / "policy.toml")
+    holder = HolderSection(index=pki.uri("is"), descriptors=[model], replica_ttl_ms=60_000)
+    RoleFile(["is"], pki.uri("is"), Tls.of("is"), "policy.toml", sections=[IndexSection(descriptors=[model])]).write(
+        tmp / "is.toml")
+    RoleFile(["holder"], pki.uri("h1"), Tls.of("h1"), "policy.toml", sections=[holder]).write(tmp / "h1.toml")
+    instance = InstanceSection(pc=pki.uri("pc"), index=pki.uri("is"), engine="test", vocab_size=97,
+                               scope_keys={SCOPE.hex(): key}, replicate_to=[pki.uri("h1")], max_unreleased=8,
+                               load_timeout_ms=10_000)
     for name in ("ii1", "ii2"):
-        (tmp / f"{name}.toml").write_text(
-            'roles = ["instance", "holder"]\n' + head.format(uri=pki.uri(name), n=name) + holder
-            + f'[instance]\npc = "{pki.uri("pc")}"\nindex = "{pki.uri("is")}"\nengine = "test"\nvocab_size = 97\n'
-            f'scope_keys = {{ "{SCOPE.hex()}" = "{key}" }}\nreplicate_to = ["{pki.uri("h1")}"]\n'
-            f"max_unreleased = 8\nload_timeout_ms = 10000\n")
-
-
-async def wait_listening(pki: DevPki, name: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    port = int(pki.uri(name).split(":")[2].split("/")[0])
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read() if proc.stderr else b""
-            raise AssertionError(f"{name} exited with {proc.returncode}: {err[-2000:]!r}")
-        with contextlib.suppress(OSError):
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{name} did not start listening")
-
-
-def stop_all(procs: Iterable[subprocess.Popen[bytes]], *, grace_s: float = 10.0) -> None:
-    """SIGTERM every process (a clean shutdown: withdrawals, drains), then SIGKILL what is left after ``grace_s``."""
-    procs = list(procs)
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(grace_s)
+        RoleFile(["instance", "holder"], pki.uri(name), Tls.of(name), "policy.toml", sections=[holder, instance]
+                 ).write(tmp / f"{name}.toml")
 
 
 @contextlib.asynccontextmanager
@@ -104,11 +66,9 @@ async def processes(pki: DevPki, tmp: Path) -> AsyncIterator[dict[str, subproces
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name, roles in ROLES.items():
-            procs[name] = subprocess.Popen([sys.executable, "-m", "control.cli", "serve", roles, "--config",
-                                            str(tmp / f"{name}.toml")], stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.PIPE, cwd=tmp, env=child_env())
+            procs[name] = serve(roles, tmp / f"{name}.toml")
         for name, proc in procs.items():
-            await wait_listening(pki, name, proc)
+            await wait_listening(name, pki.port(name), proc)
         yield procs
     finally:
         for proc in procs.values():

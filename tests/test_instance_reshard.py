@@ -11,10 +11,10 @@ import aiohttp
 import numpy as np
 import pytest
 
+from control.deploy.pki import DevPki
 from control.instance.resharding import ShardLayout
 from kvsp.container import decode_container
-from tests.support import DevPki
-from tests.test_instance_support import DESCRIPTOR, NAMES, World, stalled_holder, world
+from tests.support.instance import DESCRIPTOR, NAMES, World, stalled_holder, world
 
 MAP = "c3f8e1"
 LAYOUT = ShardLayout.of(DESCRIPTOR.geometry())

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsp.service.config import RoleConfig
 from control.holder.store import BlockId
 from control.instance.blocks import MemoryBlocks
 from control.instance.core import OutputToken
@@ -57,7 +56,8 @@ from kvsp.errors import ValidationError
 from kvsp.keys import ScopeKey
 from kvsp.records import SessionCheckpoint
 from kvsp.registry import Codec
-from tests.test_instance_support import COMPAT, DESCRIPTOR, PROMPT, SCOPE, SCOPE_KEY, B, keys_of, write_files
+from kvsp.service.config import RoleConfig
+from tests.support.instance import COMPAT, DESCRIPTOR, PROMPT, SCOPE, SCOPE_KEY, B, keys_of, write_files
 
 SID = "6f1d0a9e-2c55-4d7e-9a0e-5b7f2f9f6a11"
 
@@ -278,7 +278,7 @@ def test_whole_blocks_are_imported_at_once_through_a_paced_engine() -> None:
                                                 geometry=Geometry.for_dtype(2, 4, "fp16", 2)))
               for i in range(len(PROMPT) // B)]
     engine = make(greedy_sampler())
-    assert block_importer(engine) is engine
+    assert block_importer(engine) is engine  # type: ignore[comparison-overlap]  # the engine is its own importer
     import_prefix(engine, blocks)
     assert engine.prefill(PROMPT).token == expected
     assert engine._engine.loaded_tokens == len(blocks) * B  # type: ignore[attr-defined]

@@ -42,13 +42,15 @@ from interop.harness import (
 )
 from kvsp.container import replica_digest
 from kvsp.identifiers import TrackNamespace, role_id
-from moqt import DRAFT_14, FetchErrorCode, MoqtEvent, PublishDoneCode, SessionErrorCode
+from moqt import DRAFT_14, MessageKind, MoqtEvent, ObjectStatus, PublishDoneStatus, RequestError, SessionError
 from moqt.messages import FetchOk, SubscribeOk
 from moqt.quic import EndpointConfig, MoqtServer, connect, serve
 from moqt.tls import PeerCertificateError
 
 # CI sets this: there a skip of the interop suite is a failure, not a quiet pass.
 REQUIRE_ENV = "KVSP_REQUIRE_INTEROP"
+
+TRACK_ENDED = DRAFT_14.publish_done.code(PublishDoneStatus.TRACK_ENDED)  # as aiomoqt reports it
 
 TEST_BUDGET_S = 45.0  # every test ends (and kills its subprocesses) within this
 T = 10.0  # one request's bound
@@ -165,19 +167,21 @@ async def test_aiomoqt_subscribes_to_block_being_produced_by_kvsp(aiomoqt: Aiomo
     assert report.reply == "SubscribeOk"
     assert verify_block(BLOCK, report.triples()) == record_digest(BLOCK)
     assert_live([o.recv_us / 1e6 for o in report.layers], BLOCK.layers)
-    assert report.publish_done_status == PublishDoneCode.TRACK_ENDED
+    assert report.publish_done_status == TRACK_ENDED
     assert kvsp_server.publisher.stats.subscriptions == 1
 
 
 # -- (e): kvsp refuses aiomoqt without a valid token -----------------------------------------------
-@pytest.mark.parametrize(("case", "code"), [
-    ("none", SessionErrorCode.UNAUTHORIZED),
-    ("rogue-signer", SessionErrorCode.UNAUTHORIZED),
-    ("malformed", SessionErrorCode.MALFORMED_AUTH_TOKEN),
-    ("expired", SessionErrorCode.EXPIRED_AUTH_TOKEN),
+@pytest.mark.parametrize(("case", "error"), [
+    ("none", SessionError.UNAUTHORIZED),
+    ("rogue-signer", SessionError.UNAUTHORIZED),
+    ("malformed", SessionError.MALFORMED_AUTH_TOKEN),
+    ("expired", SessionError.EXPIRED_AUTH_TOKEN),
 ])
 async def test_kvsp_refuses_aiomoqt_without_valid_token(aiomoqt: Aiomoqt, credentials: Credentials,
-                                                        kvsp_server: KvspServer, case: str, code: int) -> None:
+                                                        kvsp_server: KvspServer, case: str,
+                                                        error: SessionError) -> None:
+    code = DRAFT_14.session_errors.code(error)  # on the wire, as aiomoqt reports it
     tokens = {
         "none": None,
         "rogue-signer": credentials.token(SUBJECT, [SCOPE], key=ec.generate_private_key(ec.SECP256R1())),
@@ -198,8 +202,9 @@ async def test_kvsp_refuses_requests_outside_the_token_scope(aiomoqt: Aiomoqt, c
     async with asyncio.timeout(TEST_BUDGET_S):
         report = await aiomoqt.subscriber(kvsp_server.uri, SECRET, "fetch", token=token(credentials), timeout=T)
     assert not report.ok and report.stage == "request", report.raw
-    assert report.raw.get("error_code") == FetchErrorCode.UNAUTHORIZED
-    assert kvsp_server.publisher.stats.refusals == [("fetch", FetchErrorCode.UNAUTHORIZED)]
+    unauthorized = DRAFT_14.request_error_code(MessageKind.FETCH_ERROR, RequestError.UNAUTHORIZED)
+    assert report.raw.get("error_code") == unauthorized
+    assert kvsp_server.publisher.stats.refusals == [("fetch", RequestError.UNAUTHORIZED)]
 
 
 # -- (c): kvsp subscriber -> aiomoqt publisher -----------------------------------------------------
@@ -225,9 +230,10 @@ async def test_kvsp_fetches_and_subscribes_from_aiomoqt_publisher(aiomoqt: Aiomo
     assert verify_block(AIOMOQT_LIVE, live.triples()) == record_digest(AIOMOQT_LIVE)
     assert_live([o.at for o in live.layers], AIOMOQT_LIVE.layers)
     # aiomoqt ends the group with an End of Group status object (ID = layers), then FIN.
-    assert [(o.object, o.status) for o in live.objects if o.status != 0] == [(AIOMOQT_LIVE.layers, 0x3)]
+    ended = [(o.object, o.status) for o in live.objects if o.status is not ObjectStatus.NORMAL]
+    assert ended == [(AIOMOQT_LIVE.layers, ObjectStatus.END_OF_GROUP)]
     assert live.end_of_group and live.stream_ended
-    assert live.publish_done is not None and live.publish_done.status_code == PublishDoneCode.TRACK_ENDED
+    assert live.publish_done is not None and live.publish_done.status_code == TRACK_ENDED
     assert live.publish_done.stream_count == 1
 
 
@@ -278,7 +284,7 @@ async def test_kvsp_subscriber_through_aiomoqt_relay_from_aiomoqt_publisher(aiom
                 await sub.close()
     assert verify_block(AIOMOQT_LIVE, live.triples()) == record_digest(AIOMOQT_LIVE)
     assert_live([o.at for o in live.layers], AIOMOQT_LIVE.layers)
-    assert live.publish_done is not None and live.publish_done.status_code == PublishDoneCode.TRACK_ENDED
+    assert live.publish_done is not None and live.publish_done.status_code == TRACK_ENDED
     assert verify_block(AIOMOQT_STORED, fetched.triples()) == record_digest(AIOMOQT_STORED)
 
 
@@ -307,7 +313,7 @@ async def test_aiomoqt_subscriber_through_aiomoqt_relay_from_kvsp_publisher(aiom
         assert_ok(report)
     assert verify_block(BLOCK, live.triples()) == record_digest(BLOCK)
     assert_live([o.recv_us / 1e6 for o in live.layers], BLOCK.layers)
-    assert live.publish_done_status == PublishDoneCode.TRACK_ENDED
+    assert live.publish_done_status == TRACK_ENDED
     # A block nobody subscribed to: the relay FETCHes it from us (upstream).
     assert verify_block(STORED, upstream.triples()) == record_digest(STORED)
     assert fetches_after_upstream == 1

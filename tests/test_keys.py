@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from kvsp.errors import ValidationError
 from kvsp.keys import BlockKeyChain, ScopeKey, block_keys, scope_id
-from tests.conftest import (
+from tests.support.vectors import (
     APPENDIX_A_COMPAT_ID,
     APPENDIX_A_K0,
     APPENDIX_A_K1,

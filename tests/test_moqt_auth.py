@@ -311,7 +311,7 @@ def test_certificate_without_uri_san_has_no_identity(pki: tuple[Path, Path]) -> 
 
 
 def test_aioquic_own_server_check_cannot_parse_kvsp_uri_sans(pki: tuple[Path, Path]) -> None:
-    """Why moqt/quic.py turns aioquic's client-side check off: service_identity chokes on our SANs.
+    """Why moqt/quic/config.py turns aioquic's client-side check off: service_identity chokes on our SANs.
 
     If this starts passing after an upgrade, aioquic's in-handshake check could be turned back on.
     """

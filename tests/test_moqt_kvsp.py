@@ -12,7 +12,6 @@ import dataclasses
 import hashlib
 import json
 import random
-import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,9 +21,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from control.config import RoleConfig
+from control.deploy.pki import DevPki
+from control.deploy.ports import free_udp_port
 from control.holder.settings import HolderSettings
-from control.policy import Policy, ScopeGrant
 from kvsp.client.fetch import BlockFetcher, FetchOptions, Outcome
 from kvsp.client.holder import BlockMiss, HolderClient
 from kvsp.client.http import KvspSession, TransportError
@@ -51,11 +50,13 @@ from kvsp.moqt_binding import (
 )
 from kvsp.records import Link, LookupRequest, ReplicaRecord, Residency
 from kvsp.registry import Codec, Tier
-from moqt.api import Action, MemoryTrackSource, MoqtObject, Publisher, PublisherSettings
+from kvsp.service.config import RoleConfig
+from kvsp.service.policy import Policy, ScopeGrant
+from moqt.api import Action, MemoryTrackSource, MoqtObject, Publisher, PublisherSettings, StoredTrack
 from moqt.auth import issue_token, verify_token
 from moqt.quic import EndpointConfig, QuicSettings
 from moqt.wire import Location, Namespace
-from tests.support import DevPki, role_config, running
+from tests.support.servers import role_config, running
 
 T = 30.0
 SCOPE = bytes(range(16))
@@ -92,13 +93,6 @@ def record_of(i: int, holder: str = "moqt://127.0.0.1:1/h", holder_id: str = HOL
 def objects_of(i: int) -> list[MoqtObject]:
     return [layer_object(view.layer, view.payload, view.k_length, Codec.RAW)
             for view in decode_container(container(i)).layers]
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # -- the binding, sans I/O ----------------------------------------------------------------------------
@@ -401,7 +395,7 @@ async def double(deployment: Deployment, objects: list[MoqtObject], *, vanish: b
     return publisher
 
 
-async def _found(source: MemoryTrackSource, objects: list[MoqtObject]) -> object:
+async def _found(source: MemoryTrackSource, objects: list[MoqtObject]) -> StoredTrack:
     return source.put((b"any",), b"raw", objects)
 
 
@@ -507,10 +501,10 @@ async def test_a_bad_block_through_the_local_relay_withdraws_the_published_recor
     client = deployment.client()
     fetcher = BlockFetcher(deployment.session, deployment.pki.uri("is"),
                            options=FetchOptions(geometry=GEOMETRY, local_relay=relay_uri), moqt=client)
-    withdrawn: list[tuple[str, bytes]] = []
+    withdrawn: list[tuple[str, bytes, str | None]] = []
 
-    async def withdraw(holder: str, block_key: bytes) -> None:
-        withdrawn.append((holder, block_key))
+    async def withdraw(holder: str, block_key: bytes, *, producer: str | None = None) -> None:
+        withdrawn.append((holder, block_key, producer))
 
     fetcher.index.withdraw = withdraw  # type: ignore[method-assign, assignment]
     try:
@@ -521,4 +515,6 @@ async def test_a_bad_block_through_the_local_relay_withdraws_the_published_recor
         await relay.close()
     assert [(a.holder, a.outcome) for a in result.attempts] == [(relay_uri, Outcome.DIGEST_MISMATCH),
                                                                (https.holder, Outcome.LOADED)]
-    assert withdrawn == [(moqt.holder, key(7))]
+    # only the bad replica's producer (the namespace's holder-id), not every record at the relay's path
+    assert withdrawn == [(moqt.holder, key(7), moqt.producer_id)]
+    assert moqt.producer_id != role_id(relay_uri)

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moqt.errors import ProtocolViolation
+from moqt.kinds import AliasType, FetchType, FilterType, GroupOrder, MessageKind, SessionError
 from moqt.messages import (
     ALL_MESSAGES,
     ClientSetup,
@@ -52,10 +53,10 @@ from moqt.messages import (
     decode_message,
 )
 from moqt.params import AuthToken, RequestParameters, SetupParameters
-from moqt.profile import AliasType, FetchType, FilterType, GroupOrder, MessageType, SessionErrorCode
+from moqt.profiles import DRAFT_14
 from moqt.wire import VARINT_MAX, KeyValuePair, Location, encode_varint
 
-PV = SessionErrorCode.PROTOCOL_VIOLATION
+PV = SessionError.PROTOCOL_VIOLATION
 VECTORS = Path(__file__).parent / "vectors" / "moqt"
 KVSP = (b"kvsp",)
 V14 = 0xFF00000E
@@ -142,7 +143,7 @@ HAND_VECTORS: list[tuple[str, ControlMessage, bytes]] = [
 def test_every_message_type_has_a_hand_vector() -> None:
     covered = {type(message) for _, message, _ in HAND_VECTORS}
     assert covered == set(ALL_MESSAGES)
-    assert {cls.TYPE for cls in ALL_MESSAGES} == set(MessageType)
+    assert {cls.KIND for cls in ALL_MESSAGES} == set(MessageKind)
 
 
 @pytest.mark.parametrize(("section", "message", "octets"), HAND_VECTORS, ids=[v[0] for v in HAND_VECTORS])
@@ -174,6 +175,24 @@ def test_hand_vectors_any_split(data: st.DataObject) -> None:
 
 # --- aiomoqt 0.13.3 vectors (tests/vectors/moqt/gen_aiomoqt_vectors.py) ------------------------------
 
+def _order(code: int) -> GroupOrder:
+    order = DRAFT_14.group_orders.name(code)
+    assert order is not None
+    return order
+
+
+def _filter(code: int) -> FilterType:
+    filter_type = DRAFT_14.filter_types.name(code)
+    assert filter_type is not None
+    return filter_type
+
+
+def _fetch_type(code: int) -> FetchType:
+    fetch_type = DRAFT_14.fetch_types.name(code)
+    assert fetch_type is not None
+    return fetch_type
+
+
 def _b(value: Any) -> bytes:
     return bytes.fromhex(value["hex"])
 
@@ -200,12 +219,12 @@ def _setup(f: dict[str, Any]) -> SetupParameters:
 
 def _subscribe_like(cls: type[Subscribe] | type[TrackStatus], f: dict[str, Any]) -> ControlMessage:
     return cls(f["request_id"], tuple(_b(x) for x in f["track_namespace"]), _b(f["track_name"]), f["priority"],
-               GroupOrder(f["group_order"]), bool(f["forward"]), FilterType(f["filter_type"]), _start(f),
+               _order(f["group_order"]), bool(f["forward"]), _filter(f["filter_type"]), _start(f),
                f.get("end_group"), _params(f["parameters"]))
 
 
 def _fetch(f: dict[str, Any]) -> Fetch:
-    kind = FetchType(f["fetch_type"])
+    kind = _fetch_type(f["fetch_type"])
     standalone = joining = None
     if kind == FetchType.STANDALONE:
         standalone = StandaloneFetch(tuple(_b(x) for x in f["namespace"]), _b(f["track_name"]),
@@ -213,7 +232,7 @@ def _fetch(f: dict[str, Any]) -> Fetch:
                                      Location(f["end_group"], f["end_object"]))
     else:
         joining = JoiningFetch(f["joining_request_id"], f["joining_start"])
-    return Fetch(f["request_id"], kind, standalone, joining, f["subscriber_priority"], GroupOrder(f["group_order"]),
+    return Fetch(f["request_id"], kind, standalone, joining, f["subscriber_priority"], _order(f["group_order"]),
                  _params(f["parameters"]))
 
 
@@ -229,9 +248,9 @@ def expected_from_aiomoqt(cls: str, f: dict[str, Any]) -> ControlMessage:
         "Subscribe": lambda: _subscribe_like(Subscribe, f),
         "TrackStatus": lambda: _subscribe_like(TrackStatus, f),
         "SubscribeOk": lambda: SubscribeOk(f["request_id"], f["track_alias"], f["expires"],
-                                           GroupOrder(f["group_order"]), _largest(f), _params(f["parameters"])),
+                                           _order(f["group_order"]), _largest(f), _params(f["parameters"])),
         "TrackStatusOk": lambda: TrackStatusOk(f["request_id"], f["track_alias"], f["expires"],
-                                               GroupOrder(f["group_order"]), _largest(f), _params(f["parameters"])),
+                                               _order(f["group_order"]), _largest(f), _params(f["parameters"])),
         "SubscribeUpdate": lambda: SubscribeUpdate(
             f["request_id"], f["subscription_request_id"], Location(f["start_group"], f["start_object"]),
             f["end_group"] - 1 if f["end_group"] else None, f["priority"], bool(f["forward"]),
@@ -239,14 +258,14 @@ def expected_from_aiomoqt(cls: str, f: dict[str, Any]) -> ControlMessage:
         "Unsubscribe": lambda: Unsubscribe(f["request_id"]),
         "SubscribeDone": lambda: PublishDone(f["request_id"], f["status_code"], f["stream_count"], f["reason"]),
         "Publish": lambda: Publish(f["request_id"], tuple(_b(x) for x in f["track_namespace"]), _b(f["track_name"]),
-                                   f["track_alias"], GroupOrder(f["group_order"]), _largest(f), bool(f["forward"]),
+                                   f["track_alias"], _order(f["group_order"]), _largest(f), bool(f["forward"]),
                                    _params(f["parameters"])),
-        "PublishOk": lambda: PublishOk(f["request_id"], bool(f["forward"]), f["priority"], GroupOrder(f["group_order"]),
-                                       FilterType(f["filter_type"]), _start(f), f.get("end_group"),
+        "PublishOk": lambda: PublishOk(f["request_id"], bool(f["forward"]), f["priority"], _order(f["group_order"]),
+                                       _filter(f["filter_type"]), _start(f), f.get("end_group"),
                                        _params(f["parameters"])),
         "Fetch": lambda: _fetch(f),
         "FetchOk": lambda: FetchOk(f["request_id"], Location(f["largest_group_id"], f["largest_object_id"]),
-                                   GroupOrder(f["group_order"]), bool(f["end_of_track"]), _params(f["parameters"])),
+                                   _order(f["group_order"]), bool(f["end_of_track"]), _params(f["parameters"])),
         "FetchCancel": lambda: FetchCancel(f["request_id"]),
         "PublishNamespace": lambda: PublishNamespace(f["request_id"], tuple(_b(x) for x in f[ns]),
                                                      _params(f["parameters"])),
@@ -273,8 +292,8 @@ CONTROL_VECTORS = [v for v in AIOMOQT["vectors"] if v["kind"] == "control"]
 
 
 def test_aiomoqt_vectors_cover_every_message_type() -> None:
-    types = {decode_message(bytes.fromhex(v["hex"])[0], bytes.fromhex(v["hex"])[3:]).TYPE for v in CONTROL_VECTORS}
-    assert types == set(MessageType)
+    types = {decode_message(bytes.fromhex(v["hex"])[0], bytes.fromhex(v["hex"])[3:]).KIND for v in CONTROL_VECTORS}
+    assert types == set(MessageKind)
     assert AIOMOQT["aiomoqt_version"] == "0.13.3"
 
 
@@ -408,7 +427,7 @@ def frame(message_type: int, payload: bytes) -> bytes:
     return encode_varint(message_type) + len(payload).to_bytes(2, "big") + payload
 
 
-KVF = SessionErrorCode.KEY_VALUE_FORMATTING_ERROR
+KVF = SessionError.KEY_VALUE_FORMATTING_ERROR
 SUB = "00 01 04 6b767370 03 726177"  # SUBSCRIBE: Request ID 0, ("kvsp",), "raw"
 SETUP = "01 c0000000ff00000e"  # CLIENT_SETUP: one version, draft-14
 
@@ -434,24 +453,24 @@ SETUP = "01 c0000000ff00000e"  # CLIENT_SETUP: one version, draft-14
     ("AUTHORIZATION TOKEN USE_ALIAS with trailing octets", frame(6, h("03 01 04 6b767370 01 03 03 02 05 07")), KVF,
      "trailing"),
     ("AUTHORIZATION TOKEN truncated REGISTER", frame(6, h("03 01 04 6b767370 01 03 02 01 05")), KVF, "truncated"),
-    ("PATH not a URI path", frame(0x20, h(SETUP, "01 01 02 6162")), SessionErrorCode.MALFORMED_PATH, "PATH"),
-    ("PATH not UTF-8", frame(0x20, h(SETUP, "01 01 02 2fff")), SessionErrorCode.MALFORMED_PATH, "UTF-8"),
+    ("PATH not a URI path", frame(0x20, h(SETUP, "01 01 02 6162")), SessionError.MALFORMED_PATH, "PATH"),
+    ("PATH not UTF-8", frame(0x20, h(SETUP, "01 01 02 2fff")), SessionError.MALFORMED_PATH, "UTF-8"),
     ("PATH twice", frame(0x20, h(SETUP, "02 01 01 2f 01 01 2f")), PV, "repeated"),
-    ("AUTHORITY with a path", frame(0x20, h(SETUP, "01 05 03 682f78")), SessionErrorCode.MALFORMED_AUTHORITY,
+    ("AUTHORITY with a path", frame(0x20, h(SETUP, "01 05 03 682f78")), SessionError.MALFORMED_AUTHORITY,
      "AUTHORITY"),
     ("GOAWAY URI not UTF-8", frame(0x10, h("01 ff")), PV, "UTF-8"),
 ])
-def test_malformed_control_message(case: str, octets: bytes, code: int, reason: str) -> None:
+def test_malformed_control_message(case: str, octets: bytes, code: SessionError, reason: str) -> None:
     with pytest.raises(ProtocolViolation) as info:
         ControlStreamParser().feed(octets)
-    assert info.value.error_code == code
+    assert info.value.error == code
     assert reason in info.value.reason
 
 
-def violation(octets: bytes) -> int:
+def violation(octets: bytes) -> SessionError:
     with pytest.raises(ProtocolViolation) as info:
         ControlStreamParser().feed(octets)
-    return info.value.error_code
+    return info.value.error
 
 
 def test_reason_phrase_and_goaway_uri_limits() -> None:

@@ -29,10 +29,10 @@ from kvsp.moqt_binding import BLOCK_GROUP, BlockAssembly, LayerCheck
 from kvsp.pki import RoleSpec, make_dev_pki
 from kvsp.registry import Codec
 from moqt.api import MoqtObject, Publisher
-from moqt.api._endpoint import Endpoint
+from moqt.api.endpoint import Endpoint
 from moqt.profile import StreamResetCode
 from moqt.quic import EndpointConfig, QuicSettings
-from moqt.tls import HookedQuicConnection, capped_congestion_control
+from moqt.quic.aioquic_hooks import HookedQuicConnection, capped_congestion_control
 
 MIB = 1 << 20
 

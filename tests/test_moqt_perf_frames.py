@@ -1,4 +1,4 @@
-"""Large STREAM frames (moqt/tls.py ``HookedQuicConnection``): 64 KiB packets that stock aioquic reads.
+"""Large STREAM frames (moqt/quic/aioquic_hooks.py ``HookedQuicConnection``): 64 KiB packets that stock aioquic reads.
 
 Two connections are wired back to back in memory (no sockets, a fake clock), so every datagram can be
 inspected: handshake datagrams stay within ``HANDSHAKE_DATAGRAM_SIZE`` (aioquic writes long-header
@@ -21,7 +21,7 @@ from aioquic.quic.connection import QuicConnection
 
 from kvsp.pki import RoleSpec, make_dev_pki
 from moqt.quic import EndpointConfig, QuicSettings
-from moqt.tls import HANDSHAKE_DATAGRAM_SIZE, HookedQuicConnection
+from moqt.quic.aioquic_hooks import HANDSHAKE_DATAGRAM_SIZE, HookedQuicConnection
 
 CLIENT_ADDRESS = ("127.0.0.1", 40000)
 SERVER_ADDRESS = ("127.0.0.1", 4433)
@@ -98,7 +98,7 @@ class Wire:
             if isinstance(event, qe.HandshakeCompleted):
                 side.complete = True
                 if isinstance(side.quic, HookedQuicConnection):
-                    side.quic.handshake_done()  # what moqt/quic.py does at this event
+                    side.quic.handshake_done()  # what moqt/quic/connection.py does at this event
             elif isinstance(event, qe.StreamDataReceived):
                 side.received.setdefault(event.stream_id, bytearray()).extend(event.data)
                 if event.end_stream:

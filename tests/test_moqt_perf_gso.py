@@ -1,4 +1,4 @@
-"""UDP GSO in the QUIC adapter (moqt/udp.py, ``_Endpoint.send`` in moqt/quic.py), with its fallback."""
+"""UDP GSO in the QUIC adapter (moqt/quic/udp.py, ``UdpEndpoint.send`` in moqt/quic/endpoint.py), with its fallback."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from aioquic.quic import events as qe
 
-import moqt.udp as udp_module
+import moqt.quic.udp as udp_module
 from kvsp.pki import RoleSpec, make_dev_pki
 from moqt.quic import EndpointConfig, MoqtConnection, QuicSettings, connect, serve
-from moqt.udp import GSO_MAX_OCTETS, GSO_MAX_SEGMENTS, GSO_UNSUPPORTED, gso_batches, send_gso
+from moqt.quic.udp import GSO_MAX_OCTETS, GSO_MAX_SEGMENTS, GSO_UNSUPPORTED, gso_batches, send_gso
 
 real_send_gso = send_gso
 

@@ -33,7 +33,6 @@ from moqt.api import (
     SubscriptionEnded,
     allow_authenticated,
 )
-from moqt.api._logic import GroupLog, ObjectAssembler, RequestKind, RequestTracker, check_fetch, fetch_ok_end
 from moqt.api.memory import MemoryNet
 from moqt.auth import issue_token
 from moqt.events import MoqtEvent, ObjectChunkReceived, ObjectSource
@@ -41,6 +40,7 @@ from moqt.messages import PublishNamespace
 from moqt.profile import FetchErrorCode, ObjectStatus, PublishDoneCode, SessionErrorCode
 from moqt.quic import ConnectionClosedError, EndpointConfig, MoqtConnection, QuicSettings, serve
 from moqt.session import MoqtSession
+from moqt.tracks import GroupLog, ObjectAssembler, RequestKind, RequestTracker, check_fetch, fetch_ok_end
 from moqt.wire import Location, Namespace
 
 T = 20.0

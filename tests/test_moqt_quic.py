@@ -1,4 +1,4 @@
-"""The aioquic adapter (moqt/quic.py) over loopback UDP with a dev PKI made at test time.
+"""The aioquic adapter (moqt/quic/) over loopback UDP with a dev PKI made at test time.
 
 Sessions here are tiny stand-ins for the MOQT session: objects with ``handle_event(quic_event)`` that
 write into the QuicConnection themselves, exactly the contract the real session follows.
@@ -40,8 +40,9 @@ from moqt.quic import (
     connect,
     serve,
 )
+from moqt.quic.aioquic_hooks import HookedQuicConnection
 from moqt.session import MoqtSession
-from moqt.tls import HookedQuicConnection, PeerCertificateError
+from moqt.tls import PeerCertificateError
 
 SERVER_URI = "moqt://127.0.0.1:4433/relay"
 CLIENT_URI = "https://client.test/kvsp/"

@@ -30,6 +30,7 @@ from moqt import (
     StreamClosedError,
 )
 from moqt.data import SubgroupHeader, SubgroupWriter
+from moqt.kinds import AliasType
 from moqt.messages import (
     FetchCancel,
     FetchOk,
@@ -49,7 +50,6 @@ from moqt.messages import (
     UnsubscribeNamespace,
 )
 from moqt.params import AuthToken, RequestParameters
-from moqt.profile import AliasType
 from moqt.profiles import DRAFT_14
 from moqt.testing import (
     MoqtPair,

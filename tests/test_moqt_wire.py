@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moqt.errors import NeedMoreData, ProtocolViolation
-from moqt.profile import SessionErrorCode
+from moqt.kinds import SessionError
 from moqt.wire import (
     VARINT_MAX,
     KeyValuePair,
@@ -27,7 +27,7 @@ from moqt.wire import (
     varint_size,
 )
 
-PV = SessionErrorCode.PROTOCOL_VIOLATION
+PV = SessionError.PROTOCOL_VIOLATION
 
 # RFC 9000 Appendix A.1: (encoding, value); the last is a non-minimal two-byte encoding of 37.
 RFC9000_EXAMPLES = [
@@ -81,7 +81,7 @@ def test_reader_needs_more_data_versus_violation() -> None:
     # a length over the limit is refused at once, before waiting for the octets
     with pytest.raises(ProtocolViolation) as info:
         Reader(bytes.fromhex("4400")).pull_length_prefixed(1000, "field")  # 1024 > 1000
-    assert info.value.error_code == PV
+    assert info.value.error == PV
 
 
 def test_reader_returns_views_without_copying() -> None:
@@ -117,7 +117,7 @@ def test_namespace_field_count_limits(count: int) -> None:
     data = encode_varint(count) + b"\x01a" * count
     with pytest.raises(ProtocolViolation) as info:
         pull_namespace(Reader(data))
-    assert info.value.error_code == PV
+    assert info.value.error == PV
 
 
 def test_namespace_32_fields_ok() -> None:
@@ -153,7 +153,7 @@ def test_kvp_over_max_length_is_protocol_violation() -> None:
     data = encode_varint(1) + encode_varint(0x10000) + b"x" * 0x10000
     with pytest.raises(ProtocolViolation) as info:
         KeyValuePair.decode(Reader(data))
-    assert info.value.error_code == PV
+    assert info.value.error == PV
     assert KeyValuePair.decode(Reader(encode_varint(1) + encode_varint(0xFFFF) + b"x" * 0xFFFF)).value == b"x" * 0xFFFF
 
 
@@ -191,7 +191,7 @@ def test_reason_phrase_limit() -> None:
         push_reason_phrase(Writer(), "x" * 1025)
     with pytest.raises(ProtocolViolation) as info:
         pull_reason_phrase(Reader(encode_varint(1025) + b"x" * 1025))
-    assert info.value.error_code == PV
+    assert info.value.error == PV
 
 
 def test_reason_phrase_bad_utf8_is_replaced_not_fatal() -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from control.deploy.pki import DevPki
 from control.http import identity, json_response, make_app
 from control.pc.app import PC
 from control.pc.service import PlacementController
@@ -42,8 +43,8 @@ from kvsp.records import (
 )
 from kvsp.registry import InstanceState, Tier
 from kvsp.service.policy import Policy, ScopeGrant
-from tests.conftest import APPENDIX_A_COMPAT_ID, APPENDIX_A_SCOPE_ID, APPENDIX_A_SCOPE_KEY, VECTORS
-from tests.support import DevPki, FakeClock, role_config, running
+from tests.support.servers import FakeClock, role_config, running
+from tests.support.vectors import APPENDIX_A_COMPAT_ID, APPENDIX_A_SCOPE_ID, APPENDIX_A_SCOPE_KEY, VECTORS
 
 SCOPE = bytes.fromhex(APPENDIX_A_SCOPE_ID)
 COMPAT = bytes.fromhex(APPENDIX_A_COMPAT_ID)

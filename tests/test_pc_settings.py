@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from kvsp.service.config import RoleConfig
 from control.index.app import STATUS_BOARD
 from control.pc.app import PC
 from control.pc.settings import PcSettings
 from control.serve import build_app
 from kvsp.errors import ValidationError
-from tests.conftest import APPENDIX_A_COMPAT_ID, APPENDIX_A_SCOPE_ID, APPENDIX_A_SCOPE_KEY, VECTORS
+from kvsp.service.config import RoleConfig
+from tests.support.vectors import APPENDIX_A_COMPAT_ID, APPENDIX_A_SCOPE_ID, APPENDIX_A_SCOPE_KEY, VECTORS
 
 BASE = "https://127.0.0.1:7401/pc/"
 

@@ -9,12 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import os
 import signal
 import ssl
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -22,6 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from control.deploy.configs import HolderSection, PolicyFile, RoleFile, ScopeEntry, Tls
+from control.deploy.environment import child_env
+from control.deploy.pki import DevPki
+from control.deploy.processes import kill, serve, serve_argv
 from kvsp.client.fetch import BlockFetcher, FetchOptions, Outcome
 from kvsp.client.holder import HolderClient, HolderOptions, StoreOutcome
 from kvsp.client.http import KvspSession
@@ -29,22 +31,12 @@ from kvsp.container import encode_container
 from kvsp.descriptor import CompatDescriptor
 from kvsp.records import Link, LookupRequest
 from kvsp.registry import Codec
-from tests.support import DevPki
 
 SCOPE = bytes(range(16))
 DESCRIPTOR = CompatDescriptor(model="proc-model", model_digest=hashlib.sha256(b"proc").digest(),
                               tokenizer_digest=bytes(32), layers=8, kv_heads=2, head_dim=16, kv_dtype="fp16",
                               positional="rope", block_tokens=16)
 BLOCK_KEY = hashlib.sha256(b"process test block").digest()
-REPO = Path(__file__).resolve().parent.parent
-
-
-def child_env() -> dict[str, str]:
-    """The role processes import kvsp from this checkout, installed or not."""
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{path}" if path else str(REPO)}
-
-
 def block_bytes() -> bytes:
     geometry = DESCRIPTOR.geometry()
     section = geometry.section_length(DESCRIPTOR.block_tokens)
@@ -60,21 +52,16 @@ class Cluster:
 
 def _write_configs(pki: DevPki, tmp: Path) -> None:
     (tmp / "descriptor.json").write_bytes(DESCRIPTOR.canonical())
-    grants = json.dumps([pki.uri("client"), pki.uri("h1"), pki.uri("h2")])
-    (tmp / "policy.toml").write_text(
-        f'[[scope]]\nid = "{SCOPE.hex()}"\nlookup = {grants}\nread = {grants}\nstore = {grants}\n')
-    tls = '[tls]\ncert = "{0}.pem"\nkey = "{0}.key"\nca = "ca.pem"\n'
-    (tmp / "is.toml").write_text(
-        f'roles = ["is"]\npolicy = "policy.toml"\n[server]\nbase_uri = "{pki.uri("is")}"\n' + tls.format("is"))
+    PolicyFile(scopes=[ScopeEntry.open_to(SCOPE, [pki.uri("client"), pki.uri("h1"), pki.uri("h2")])]).write(
+        tmp / "policy.toml")
+    RoleFile(["is"], pki.uri("is"), Tls.of("is"), "policy.toml").write(tmp / "is.toml")
+    holder = HolderSection(index=pki.uri("is"), descriptors=["descriptor.json"])
     for name in ("h1", "h2"):
-        (tmp / f"{name}.toml").write_text(
-            f'roles = ["holder"]\npolicy = "policy.toml"\n[server]\nbase_uri = "{pki.uri(name)}"\n'
-            + tls.format(name)
-            + f'[holder]\nindex = "{pki.uri("is")}"\ndescriptors = ["descriptor.json"]\n')
+        RoleFile(["holder"], pki.uri(name), Tls.of(name), "policy.toml", sections=[holder]).write(tmp / f"{name}.toml")
 
 
 def _wait_listening(pki: DevPki, name: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    port = int(pki.uri(name).split(":")[2].split("/")[0])
+    port = pki.port(name)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -95,19 +82,13 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name in ("is", "h1", "h2"):
-            procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "control.cli", "serve", "is" if name == "is" else "holder",
-                 "--config", str(tmp_path / f"{name}.toml")],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path, env=child_env())
+            procs[name] = serve("is" if name == "is" else "holder", tmp_path / f"{name}.toml")
         for name, proc in procs.items():
             _wait_listening(pki, name, proc)
         yield Cluster(pki, procs)
     finally:
         for proc in procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGCONT)
-                proc.kill()
-            proc.wait(10)
+            kill(proc)
 
 
 @contextlib.asynccontextmanager
@@ -181,8 +162,8 @@ async def test_processes_reject_clients_without_certificates(cluster: Cluster) -
 
 
 def test_serve_without_tls_is_one_line_error(tmp_path: Path) -> None:
-    (tmp_path / "c.toml").write_text('roles = ["is"]\n[server]\nbase_uri = "https://127.0.0.1:1/"\n')
-    result = subprocess.run([sys.executable, "-m", "control.cli", "serve", "is", "--config", str(tmp_path / "c.toml")],
+    config = RoleFile(["is"], "https://127.0.0.1:1/").write(tmp_path / "c.toml")
+    result = subprocess.run(serve_argv("is", config),
                             capture_output=True, text=True, timeout=60, check=False, env=child_env())
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "tls" in result.stderr

@@ -37,7 +37,7 @@ from kvsp.records import (
     parse_reshard_message,
 )
 from kvsp.registry import InstanceState, Tier
-from tests.conftest import APPENDIX_A_COMPAT_ID, APPENDIX_A_K0, APPENDIX_A_K1, APPENDIX_A_SCOPE_ID
+from tests.support.vectors import APPENDIX_A_COMPAT_ID, APPENDIX_A_K0, APPENDIX_A_K1, APPENDIX_A_SCOPE_ID
 
 # Placeholders of the spec examples are filled with the Appendix A values.
 COMPAT, SCOPE, K0, K1 = APPENDIX_A_COMPAT_ID, APPENDIX_A_SCOPE_ID, APPENDIX_A_K0, APPENDIX_A_K1

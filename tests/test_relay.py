@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from control.deploy.pki import DevPki
 from moqt.api import (
     FetchRefused,
     MoqtObject,
@@ -30,8 +31,7 @@ from moqt.events import ControlMessageReceived, MoqtEvent
 from moqt.messages import PublishNamespace
 from moqt.profile import FetchErrorCode, PublishDoneCode
 from moqt.wire import Location
-from tests.support import DevPki
-from tests.test_relay_support import (
+from tests.support.relay import (
     NAMES,
     TRACK,
     CountingSource,

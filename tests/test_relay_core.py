@@ -7,18 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from control.config import RoleConfig, ServerConfig
 from control.holder.settings import HolderSettings
-from control.policy import Policy, ScopeGrant
 from kvsp.errors import ValidationError
 from kvsp.identifiers import role_id
-from moqt.api import Action, MoqtObject
+from kvsp.service.config import RoleConfig, ServerConfig
+from kvsp.service.policy import Policy, ScopeGrant
+from moqt.api import Action, MoqtObject, backoff_delay
 from moqt.quic import LOOPBACK_DATAGRAM_SIZE, QuicSettings
 from moqt.wire import Location
 from relay.auth import holder_of, relay_authorizer, scope_of
 from relay.core import NamespaceTable, ObjectCache, RelayStats, SendQueue, TrackEnd, is_prefix
 from relay.settings import RELAY_QUIC, RelaySettings
-from relay.upstream import backoff_delay
 
 KEY = ((b"kvsp", b"c"), b"raw")
 
@@ -214,7 +213,8 @@ def test_holder_moqt_datagram_size_like_the_relays() -> None:
     assert default is not None and default.max_datagram_size == QuicSettings().max_datagram_size
     jumbo = holder({**listener, "moqt_max_datagram_size": 8952}).moqt
     assert jumbo is not None and jumbo.max_datagram_size == 8952
-    for bad in ({**listener, "moqt_max_datagram_size": 1000}, {**listener, "moqt_max_datagram_size": 70000},
-                {"moqt_max_datagram_size": 8952}):
+    bads: list[dict[str, object]] = [{**listener, "moqt_max_datagram_size": 1000},
+                                     {**listener, "moqt_max_datagram_size": 70000}, {"moqt_max_datagram_size": 8952}]
+    for bad in bads:
         with pytest.raises(ValidationError):
             holder(bad)

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from moqt.api import MoqtObject
-from moqt.api._logic import RequestKind, RequestTracker
 from moqt.data import (
     DataStreamParser,
     FetchHeader,
@@ -30,9 +29,10 @@ from moqt.events import (
     ObjectSource,
     SessionEstablished,
 )
+from moqt.kinds import GroupOrder, ObjectStatus
 from moqt.messages import FetchOk, Subscribe
-from moqt.profile import GroupOrder, ObjectStatus
 from moqt.testing import MoqtPair
+from moqt.tracks import RequestKind, RequestTracker
 from moqt.wire import KeyValuePair, Location
 from relay.cutthrough import CutThrough, ForwardingAssembler
 

@@ -9,7 +9,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from control.policy import Policy, ScopeGrant
+from control.deploy.pki import DevPki
+from control.deploy.ports import free_udp_port
 from kvsp.client.fetch import BlockFetcher
 from kvsp.client.holder import BlockMiss, HolderClient
 from kvsp.client.moqt import MoqtBlockClient
@@ -17,10 +18,11 @@ from kvsp.client.ranking import HTTPS_AND_MOQT, LinkTable, rank_replicas, via_re
 from kvsp.identifiers import role_id
 from kvsp.records import LookupRequest, ReplicaRecord
 from kvsp.registry import Codec
+from kvsp.service.policy import Policy, ScopeGrant
 from moqt.quic import EndpointConfig
-from tests.support import DevPki, role_config, running
-from tests.test_moqt_kvsp import COMPAT, DESCRIPTOR, GEOMETRY, SCOPE, container, free_udp_port, key, record_of
-from tests.test_relay_support import start_relay
+from tests.support.relay import start_relay
+from tests.support.servers import role_config, running
+from tests.test_moqt_kvsp import COMPAT, DESCRIPTOR, GEOMETRY, SCOPE, container, key, record_of
 
 
 async def lookup_moqt(pki: DevPki, session: object, i: int) -> ReplicaRecord:

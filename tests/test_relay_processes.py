@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -23,17 +22,19 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from control.deploy.configs import PolicyFile, RelaySection, RoleFile, ScopeEntry, Tls
+from control.deploy.environment import child_env
+from control.deploy.pki import DevPki
+from control.deploy.ports import free_udp_port, port_of
 from moqt.api import Publisher, SubscriptionEnded, TransferError, UpstreamLink, allow_authenticated
 from moqt.profile import PublishDoneCode
-from tests.support import DevPki
-from tests.test_relay_support import (
+from tests.support.relay import (
     NAMES,
     REPO,
     SCOPE,
     TRACK,
     CountingSource,
     block_namespace,
-    child_env,
     endpoint_config,
     fetch_all,
     holder_prefix,
@@ -42,13 +43,6 @@ from tests.test_relay_support import (
 )
 
 RELAYS = ("spine", "relay-a", "relay-b")
-
-
-def udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -95,30 +89,16 @@ class Chain:
 
 
 def write_configs(pki: DevPki, tmp: Path) -> dict[str, str]:
-    (tmp / "policy.toml").write_text(
-        f'[[scope]]\nid = "{SCOPE.hex()}"\nread = ["{pki.uri("sub")}"]\nstore = ["{pki.uri("pub")}"]\n')
-    moqt = {name: f"moqt://127.0.0.1:{udp_port()}/relay" for name in RELAYS}
+    scope = ScopeEntry(SCOPE.hex(), read=[pki.uri("sub")], store=[pki.uri("pub")])
+    PolicyFile(scopes=[scope]).write(tmp / "policy.toml")
+    moqt = {name: f"moqt://127.0.0.1:{free_udp_port()}/relay" for name in RELAYS}
     for name in RELAYS:
-        upstream = [] if name == "spine" else [moqt["spine"]]
-        peers = [pki.uri(p) for p in RELAYS if p != name]
-        port = int(moqt[name].split(":")[2].split("/")[0])
-        (tmp / f"{name}.toml").write_text(f"""roles = ["relay"]
-policy = "policy.toml"
-[server]
-base_uri = "{pki.uri(name)}"
-[tls]
-cert = "{pki.dir / (name + '.pem')}"
-key = "{pki.dir / (name + '.key')}"
-ca = "{pki.dir / 'ca.pem'}"
-[relay]
-listen = "127.0.0.1:{port}"
-uri = "{moqt[name]}"
-upstream = {json.dumps(upstream)}
-peers = {json.dumps(peers)}
-subscriber_buffer_octets = 1048576
-idle_timeout_s = 2.0
-drain_s = 0.5
-""")
+        relay = RelaySection(listen=f"127.0.0.1:{port_of(moqt[name])}", uri=moqt[name],
+                             upstream=[] if name == "spine" else [moqt["spine"]],
+                             peers=[pki.uri(p) for p in RELAYS if p != name], subscriber_buffer_octets=1 << 20,
+                             idle_timeout_s=2.0, drain_s=0.5)
+        RoleFile(["relay"], pki.uri(name), Tls.of(name, pki.dir), "policy.toml", sections=[relay]).write(
+            tmp / f"{name}.toml")
     return moqt
 
 
@@ -212,7 +192,7 @@ async def test_slow_subscriber_is_ended_others_complete(chain: Chain) -> None:
         track.publish(0, 0, bytes(1000))
         uri = chain.moqt["relay-a"]
         slow = subprocess.Popen(
-            [sys.executable, "-m", "tests.test_relay_support", "subscribe", "--pki", str(chain.pki.dir),
+            [sys.executable, "-m", "tests.support.relay", "subscribe", "--pki", str(chain.pki.dir),
              "--uris", json.dumps(chain.pki.uris), "--uri", uri, "--block", "3"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO, env=child_env())
         try:
@@ -264,7 +244,7 @@ async def test_slow_subscriber_is_ended_others_complete(chain: Chain) -> None:
 async def test_publisher_killed_mid_track(chain: Chain) -> None:
     async with ready(chain):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.test_relay_support", "publish", "--pki", str(chain.pki.dir),
+            [sys.executable, "-m", "tests.support.relay", "publish", "--pki", str(chain.pki.dir),
              "--uris", json.dumps(chain.pki.uris), "--uri", chain.moqt["relay-a"], "--block", "4"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO, env=child_env())
         try:

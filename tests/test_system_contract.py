@@ -15,7 +15,6 @@ import control.instance.core
 import control.instance.records
 import control.pc.messages
 import kvsp.records
-from kvsp.service.config import RoleConfig
 from control.instance.core import InstanceLifecycle, PrefetchTracker, ReportStatus
 from control.instance.engines import PacedEngine, Pacing, calibrate, engine_factory
 from control.instance.settings import InstanceSettings, Limits
@@ -27,7 +26,8 @@ from kvsp.problems import ProblemType
 from kvsp.records import Link, PrefetchBlock, PrefetchDirective, SessionCheckpoint
 from kvsp.records.generation import ResumeRequest, StartSession, StreamEnd, TokenEvent, parse_stream_line
 from kvsp.registry import InstanceState
-from tests.test_instance_support import COMPAT, DESCRIPTOR, PROMPT, SCOPE, keys_of, write_files
+from kvsp.service.config import RoleConfig
+from tests.support.instance import COMPAT, DESCRIPTOR, PROMPT, SCOPE, keys_of, write_files
 
 SID = "6f1d0a9e-2c55-4d7e-9a0e-5b7f2f9f6a11"
 II1 = "https://ii1.example/kvsp/"

@@ -1,6 +1,6 @@
 """Failover between real processes (spec sections 6.3 and 6.8): ``kvsp serve pc,is``, two
 ``kvsp serve instance,holder`` and a cache holder, with a front end that follows the session across
-instances (tests/test_system_support.py).
+instances (control/deploy/system.py).
 
 1. An instance is killed with SIGKILL in the middle of a greedy generation: the PC sees its status
    expire, raises the session's epoch and resumes it on the other instance; the front end receives,
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import aiohttp
 
+from control.deploy.system import FrontEnd, Output, Settings, System, reference_tokens, running_system
 from kvsp.engine import greedy_sampler, top_p_sampler
 from kvsp.records.generation import SessionState, StreamEnd, TokenEvent, parse_stream_line
-from tests.test_system_support import FrontEnd, Output, Settings, System, reference_tokens, running_system
 
 PROMPT = (128000, 791, 6460, 374, 264, 1296, 315, 279, 11, 12)  # two blocks of 4 and a tail of two
 MAX_TOKENS = 80

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from control.deploy.system import FrontEnd, Settings, reference_tokens, running_system
 from kvsp.client.holder import HolderClient, StoreOutcome
 from kvsp.engine import greedy_sampler
-from tests.test_instance_support import COMPAT, SCOPE, B, keys_of, reference_block
-from tests.test_system_support import FrontEnd, Settings, reference_tokens, running_system
+from tests.support.instance import COMPAT, SCOPE, B, keys_of, reference_block
 
 BLOCKS = 256
 PROMPT = tuple(range(3000, 3000 + BLOCKS * B + 3))  # 256 blocks and a tail of 3

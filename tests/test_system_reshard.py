@@ -18,12 +18,12 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+from control.deploy.system import JSON, Settings, System, running_system
 from kvsp.container import encode_container
 from kvsp.engine import kv_values
 from kvsp.records import Shard, ShardMap
 from kvsp.registry import Codec
-from tests.test_instance_support import DESCRIPTOR, GEOMETRY
-from tests.test_system_support import JSON, Settings, System, running_system
+from tests.support.instance import DESCRIPTOR, GEOMETRY
 
 MAP = "c3f8e1"
 CONTEXT = tuple(range(5000, 5192))  # 192 tokens

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvsp.service.config import RoleConfig
+from control.deploy.pki import DevPki
 from control.holder.app import HOLDER
 from control.holder.disk import DiskTier
 from control.holder.settings import HolderSettings
@@ -37,8 +37,8 @@ from control.instance.blocks import HolderBlocks, MemoryBlocks
 from kvsp.container import LayerRange, decode_container
 from kvsp.errors import ValidationError
 from kvsp.registry import Tier
-from tests.support import DevPki, FakeClock, role_config, running
-from tests.test_holder_support import (
+from kvsp.service.config import RoleConfig
+from tests.support.holder import (
     block_id,
     container,
     descriptor,
@@ -48,6 +48,7 @@ from tests.test_holder_support import (
     restricted_policy,
     write_descriptor,
 )
+from tests.support.servers import FakeClock, role_config, running
 
 D = descriptor(layers=4, kv_heads=2, head_dim=8, block_tokens=4)
 LAYER = 2 * D.section_length(D.block_tokens)  # layer data octets

@@ -21,8 +21,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from control.deploy.environment import child_env
 from control.up.layout import Deployment
-from control.up.supervisor import child_env
 
 START_TIMEOUT_S = 240.0  # the whole run until "The system is up" (about a minute; generous for loaded CI)
 

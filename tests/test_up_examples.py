@@ -10,14 +10,14 @@ from pathlib import Path
 
 from cryptography import x509
 
-from kvsp.service.config import RoleConfig
+from control.deploy.environment import child_env
 from control.frontend.settings import FrontendSettings
 from control.holder.settings import HolderSettings
 from control.index.settings import IndexSettings
 from control.instance.settings import InstanceSettings
 from control.pc.settings import PcSettings
 from control.up.layout import bytes_model_descriptor
-from control.up.supervisor import child_env
+from kvsp.service.config import RoleConfig
 from relay.settings import RelaySettings
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "two-rack"

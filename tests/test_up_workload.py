@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from control.up.supervisor import child_env
+from control.deploy.environment import child_env
 from tests.test_up_e2e import processes_mentioning, read_until
 
 

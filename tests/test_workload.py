@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from kvsp.service.config import RoleConfig
 from control.frontend.settings import FrontendSettings
 from control.frontend.tokenizer import ByteTokenizer
 from control.holder.settings import HolderSettings
@@ -19,6 +18,7 @@ from control.up.main import checks
 from control.up.runner import KillRecord, RequestResult, RunResult
 from control.up.scrape import Scraper, by_label, labelled, parse_exposition, total
 from control.up.workload import Conversation, WorkloadSpec, build, percentile
+from kvsp.service.config import RoleConfig
 from relay.settings import RelaySettings
 
 ENCODE = ByteTokenizer().encode

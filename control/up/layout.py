@@ -20,10 +20,13 @@ import json
 import secrets
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
+from control.deploy import configs
+from control.deploy.ports import free_port
+from control.deploy.supervisor import Proc
 from kvsp.descriptor import CompatDescriptor
 from kvsp.keys import ScopeKey
 from kvsp.pki import RoleSpec, make_dev_pki
@@ -32,7 +35,6 @@ TENANTS: Final = ("public", "acme")
 INSTANCES: Final = ("ii1", "ii2")
 SCRAPER: Final = "up"
 HF_BLOCK_TOKENS: Final = 16  # the identity kvsp up itself uses (metrics, health)
-TomlValue = object
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,16 +46,6 @@ class UpOptions:
     status_ttl_ms: int = 2000
     frontend_port: int = 0  # 0: a free port
     moqt_fetch: bool = False  # instances read the cache holder's blocks over MOQT (its moqt:// replicas)
-
-
-@dataclass(frozen=True, slots=True)
-class Proc:
-    name: str
-    roles: str  # comma-separated, as `kvsp serve` takes them
-    uri: str
-    config: str  # path relative to the run directory
-    log: str
-    instance: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,13 +82,6 @@ def relay_available() -> bool:
         return False
 
 
-def free_port(kind: socket.SocketKind = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def bytes_model_descriptor() -> CompatDescriptor:
     digest = hashlib.sha256
     return CompatDescriptor(model="kvsp-test-bytes", model_digest=digest(b"kvsp DeterministicTestEngine").digest(),
@@ -113,31 +98,6 @@ def model_of(options: UpOptions) -> tuple[CompatDescriptor, str, str]:
     folder = Path(options.model).resolve()
     descriptor = descriptor_from_model_dir(folder, block_tokens=HF_BLOCK_TOKENS)
     return descriptor, f"hf:{folder}", str(folder / "tokenizer.json")
-
-
-# -- TOML ------------------------------------------------------------------------------------------------
-def toml_value(value: TomlValue) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, Mapping):
-        return "{ " + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, Sequence):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    raise TypeError(f"no TOML for {value!r}")
-
-
-def toml_table(name: str, values: Mapping[str, TomlValue]) -> str:
-    return f"\n[{name}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in values.items())
-
-
-def role_head(roles: Sequence[str], uri: str, name: str, pki: str = "../pki") -> str:
-    return (f"roles = {toml_value(list(roles))}\npolicy = \"../policy.toml\"\n"
-            + toml_table("server", {"base_uri": uri})
-            + toml_table("tls", {"cert": f"{pki}/{name}.pem", "key": f"{pki}/{name}.key", "ca": f"{pki}/ca.pem"}))
 
 
 # -- the run directory -------------------------------------------------------------------------------------
@@ -192,14 +152,12 @@ def _write_secret(path: Path, text: str) -> None:
     path.write_text(text + "\n")
 
 
-def _policy(pc: str, instances: Sequence[str], members: Sequence[str], scopes: Mapping[str, ScopeKey]) -> str:
+def _policy(pc: str, instances: Sequence[str], members: Sequence[str],
+            scopes: Mapping[str, ScopeKey]) -> configs.PolicyFile:
     # The PC takes status and checkpoints from the listed instances only (D2): every other member has
     # a certificate of the same CA, and the PC sends an instance the prompts of its sessions.
-    out = f"pc = {toml_value(pc)}\ninstances = {toml_value(instances)}\n"
-    for key in scopes.values():
-        out += (f"\n[[scope]]\nid = \"{key.scope_id.hex()}\"\nlookup = {toml_value(members)}\n"
-                f"read = {toml_value(members)}\nstore = {toml_value(members)}\n")
-    return out
+    return configs.PolicyFile(pc, instances,
+                              [configs.ScopeEntry.open_to(key.scope_id, members) for key in scopes.values()])
 
 
 def _write_phase(run_dir: Path, phase: str, s: _Shared, options: UpOptions, names: Sequence[str]) -> tuple[Proc, ...]:
@@ -209,69 +167,62 @@ def _write_phase(run_dir: Path, phase: str, s: _Shared, options: UpOptions, name
     cache = phase == "main"
     suffix = "" if cache else BASELINE_SUFFIX
     uri = {n.removesuffix(suffix) if suffix else n: s.uris[n] for n in names}
-    (folder / "policy.toml").write_text(_policy(uri["pc"], [uri[n] for n in INSTANCES], list(uri.values()), s.scopes))
+    _policy(uri["pc"], [uri[n] for n in INSTANCES], list(uri.values()), s.scopes).write(folder / "policy.toml")
     keys = {key.scope_id.hex(): f"../{tenant}.scope.key" for tenant, key in s.scopes.items()}
     model = "../model.json"
     procs: list[Proc] = []
 
-    def write(role: str, roles: list[str], body: str, *, instance: bool = False) -> None:
+    def write(role: str, roles: list[str], *sections: configs.Section, instance: bool = False) -> None:
         name = role + suffix
-        head = role_head(roles, uri[role], name).replace('policy = "../policy.toml"', 'policy = "policy.toml"')
-        (folder / f"{name}.toml").write_text(head + body)
+        configs.RoleFile(roles, uri[role], configs.Tls.of(name, "../pki"), "policy.toml", sections=sections).write(
+            folder / f"{name}.toml")
         procs.append(Proc(name, ",".join(roles), uri[role], f"{phase}/{name}.toml", f"{phase}/logs/{name}.log",
                           instance))
 
-    write("pc", ["pc", "is"], toml_table("is", {"descriptors": [model]})
-          + toml_table("pc", {"scope_keys": keys, "descriptors": [model], "status_check_interval_ms": 100,
-                              "call_timeout_ms": 5000}))
-    holder = {"index": uri["pc"], "descriptors": [model], "replica_ttl_ms": 120_000}
+    write("pc", ["pc", "is"], configs.IndexSection(descriptors=[model]),
+          configs.PcSection(scope_keys=keys, descriptors=[model], status_check_interval_ms=100, call_timeout_ms=5000))
+    holder = configs.HolderSection(index=uri["pc"], descriptors=[model], replica_ttl_ms=120_000)
     h1_moqt = f"127.0.0.1:{s.moqt_ports['h1']}"
     relay_uri = f"moqt://127.0.0.1:{s.moqt_ports['relay1']}/relay1" if s.relay else None
     moqt_source = relay_uri or f"moqt://{h1_moqt}/h1"  # where the instances read moqt replicas
     if cache:
-        h1: dict[str, TomlValue] = {**holder, "host_capacity_octets": 64 << 20, "storage_dir": "blocks-h1",
-                                    "storage_capacity_octets": 1 << 30, "encryption_key_file": "h1-storage.key",
-                                    "moqt_listen": h1_moqt, "moqt_uri": f"moqt://{h1_moqt}/h1"}
+        h1 = replace(holder, host_capacity_octets=64 << 20, storage_dir="blocks-h1", storage_capacity_octets=1 << 30,
+                     encryption_key_file="h1-storage.key", moqt_listen=h1_moqt, moqt_uri=f"moqt://{h1_moqt}/h1")
         if relay_uri is not None:  # the rack relay (D4): h1 publishes through it, its moqt records name it
             port = s.moqt_ports["relay1"]
-            write("relay1", ["relay"], toml_table("relay", {
-                "listen": f"127.0.0.1:{port}", "uri": relay_uri, "cache_octets": 64 << 20}))
-            h1["moqt_relay"] = relay_uri
-        write("h1", ["holder"], toml_table("holder", h1))
+            write("relay1", ["relay"],
+                  configs.RelaySection(listen=f"127.0.0.1:{port}", uri=relay_uri, cache_octets=64 << 20))
+            h1 = replace(h1, moqt_relay=relay_uri)
+        write("h1", ["holder"], h1)
     for name in INSTANCES:
-        instance = _instance_table(s, options, uri, keys, model)
+        instance = _instance_section(s, options, uri, keys, model)
         if cache:
             peers = [p for p in INSTANCES if p != name]
-            instance |= {"replicate_to": [uri["h1"]], "peers": [uri[p] for p in peers],
-                         "moqt_fetch": options.moqt_fetch,
-                         "links": [{"holder": uri[h], "mbit_per_s": 10_000.0, "rtt_us": 100} for h in ("h1", *peers)]}
+            links = [configs.HolderLink(uri[h], 10_000.0, 100) for h in ("h1", *peers)]
             if options.moqt_fetch:  # the cache holder's moqt:// replicas are priced over their own path
-                instance["links"] = [{"holder": moqt_source, "mbit_per_s": 10_000.0, "rtt_us": 50},
-                                     *instance["links"]]  # type: ignore[misc]
-                if relay_uri is not None:
-                    instance["moqt_relay"] = relay_uri
-            write(name, ["instance", "holder"], toml_table("holder", holder) + toml_table("instance", instance),
-                  instance=True)
+                links = [configs.HolderLink(moqt_source, 10_000.0, 50), *links]
+            instance = replace(instance, replicate_to=[uri["h1"]], peers=[uri[p] for p in peers],
+                               moqt_fetch=options.moqt_fetch, links=links,
+                               moqt_relay=relay_uri if options.moqt_fetch else None)
+            write(name, ["instance", "holder"], holder, instance, instance=True)
         else:  # no holder role and no block memory: every prompt is recomputed
-            instance |= {"memory_blocks_octets": 0}
-            write(name, ["instance"], toml_table("instance", instance), instance=True)
+            write(name, ["instance"], replace(instance, memory_blocks_octets=0), instance=True)
     tenants = {t: k.scope_id.hex() for t, k in s.scopes.items()}
     model_name = "kvsp-test" if s.engine == "test" else s.descriptor.model
-    write("fe", ["frontend"], toml_table("frontend", {
-        "pc": uri["pc"], "listen": f"127.0.0.1:{s.fe_ports[phase]}", "model": model_name, "descriptor": model,
-        "tokenizer": s.tokenizer, "tenants": tenants, "api_keys": {"acme": "../acme.apikey"},
-        "anonymous_tenant": "public", "stall_ms": 1000}))
+    write("fe", ["frontend"], configs.FrontendSection(
+        pc=uri["pc"], listen=f"127.0.0.1:{s.fe_ports[phase]}", model=model_name, descriptor=model,
+        tokenizer=s.tokenizer, tenants=tenants, api_keys={"acme": "../acme.apikey"},
+        anonymous_tenant="public", stall_ms=1000))
     return tuple(procs)
 
 
-def _instance_table(s: _Shared, options: UpOptions, uri: Mapping[str, str], keys: Mapping[str, str],
-                    model: str) -> dict[str, TomlValue]:
-    instance: dict[str, TomlValue] = {
-        "pc": uri["pc"], "index": uri["pc"], "engine": s.engine, "scope_keys": dict(keys), "descriptors": [model],
-        "status_ttl_ms": options.status_ttl_ms, "load_timeout_ms": 5000, "final_ack_timeout_ms": 10_000}
+def _instance_section(s: _Shared, options: UpOptions, uri: Mapping[str, str], keys: Mapping[str, str],
+                      model: str) -> configs.InstanceSection:
+    instance = configs.InstanceSection(
+        pc=uri["pc"], index=uri["pc"], engine=s.engine, scope_keys=dict(keys), descriptors=[model],
+        status_ttl_ms=options.status_ttl_ms, load_timeout_ms=5000, final_ack_timeout_ms=10_000)
     if s.engine == "test":
-        instance |= {"vocab_size": 256, "test_prefill_us_per_token": options.prefill_us_per_token,
-                     "test_decode_us_per_token": options.decode_us_per_token}
-    else:  # prompts computed block by block: loaded and recomputed prefixes give bit-identical logits
-        instance |= {"hf_chunk_tokens": s.descriptor.block_tokens}
-    return instance
+        return replace(instance, vocab_size=256, test_prefill_us_per_token=options.prefill_us_per_token,
+                       test_decode_us_per_token=options.decode_us_per_token)
+    # prompts computed block by block: loaded and recomputed prefixes give bit-identical logits
+    return replace(instance, hf_chunk_tokens=s.descriptor.block_tokens)

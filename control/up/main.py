@@ -23,12 +23,13 @@ from typing import Any
 
 import aiohttp
 
+from control.deploy.environment import child_env
+from control.deploy.supervisor import StartError, Supervisor
 from control.frontend.tokenizer import load_tokenizer
 from control.up import report
 from control.up.layout import INSTANCES, SCRAPER, Deployment, UpOptions, prepare
 from control.up.runner import Killer, Progress, Runner, RunResult
 from control.up.scrape import Samples, Scraper, labelled, parse_exposition
-from control.up.supervisor import StartError, Supervisor, child_env
 from control.up.workload import WorkloadSpec, build
 from kvsp.errors import KvspError
 from kvsp.service.tls import TlsFiles, client_context

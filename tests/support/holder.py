@@ -15,14 +15,14 @@ from pathlib import Path
 
 from aiohttp import web
 
+from control.deploy.pki import DevPki
 from control.holder.store import BlockId, BlockMeta
-from kvsp.service.policy import Policy, Quotas, ScopeGrant
-from kvsp.service.tls import identities_of, server_context
 from kvsp.container import Geometry, decode_container, encode_container, replica_digest
 from kvsp.descriptor import CompatDescriptor
 from kvsp.records import ReplicaRecord
 from kvsp.registry import Codec
-from tests.support import DevPki
+from kvsp.service.policy import Policy, Quotas, ScopeGrant
+from kvsp.service.tls import identities_of, server_context
 
 SCOPE = bytes(range(16))
 OTHER_SCOPE = bytes(range(16, 32))

@@ -12,53 +12,41 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
+from control.deploy.doubles import PcDouble, pc_double
+from control.deploy.fixtures import DESCRIPTOR, GEOMETRY, SCOPE, SCOPE_KEY, VOCAB, reference_tokens
+from control.deploy.pki import DevPki
 from control.holder.app import HOLDER
 from control.holder.service import Holder
 from control.instance.app import INSTANCE
 from control.instance.records import EndLine, TokenLine, parse_token_line
 from control.instance.role import InstanceRole
-from kvsp.service.policy import Policy, Quotas, ScopeGrant
-from kvsp.service.tls import server_context
 from kvsp.client.holder import HolderClient
 from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient
 from kvsp.container import decode_container, encode_container, replica_digest
-from kvsp.descriptor import CompatDescriptor
-from kvsp.engine import DeterministicTestEngine, EngineGeometry
-from kvsp.keys import ScopeKey, block_keys
-from kvsp.problems import Problem, ProblemType
-from kvsp.records import InstanceStatus, LookupRequest, ReplicaRecord, Residency, Sampler, SessionCheckpoint
+from kvsp.engine import DeterministicTestEngine
+from kvsp.keys import block_keys
+from kvsp.records import LookupRequest, ReplicaRecord, Residency, Sampler
 from kvsp.registry import Codec, Tier
-from tests.support import DevPki, role_config, running
+from kvsp.service.policy import Policy, Quotas, ScopeGrant
+from kvsp.service.tls import server_context
+from tests.support.servers import role_config, running
 
-SCOPE_KEY = ScopeKey(bytes(range(32)))
-SCOPE = SCOPE_KEY.scope_id
-DESCRIPTOR = CompatDescriptor(model="ii-test", model_digest=bytes(range(32)), tokenizer_digest=bytes(32), layers=2,
-                              kv_heads=2, head_dim=4, kv_dtype="fp16", positional="rope", block_tokens=4)
+__all__ = ["DESCRIPTOR", "GEOMETRY", "SCOPE", "SCOPE_KEY", "VOCAB", "PcDouble", "pc_double", "reference_tokens"]
+
 COMPAT = DESCRIPTOR.compat_id
 B = DESCRIPTOR.block_tokens
-VOCAB = 97
-GEOMETRY = EngineGeometry(layers=2, kv_heads=2, head_dim=4, block_tokens=4, vocab_size=VOCAB, kv_dtype="fp16")
 NAMES = ["pc", "is", "h1", "ii1", "ii2", "fe", "other", "slow"]
 PROMPT = (128000, 791, 6460, 374, 264, 1296, 315, 279, 11, 12)  # two blocks and a tail of two
 
 
 # -- reference computations ------------------------------------------------------------------------
-def reference_tokens(prompt: Sequence[int], n: int, sampler: Sampler) -> list[int]:
-    """What DeterministicTestEngine produces run directly, without any instance."""
-    engine = DeterministicTestEngine(GEOMETRY, sampler)
-    out = [engine.prefill(prompt).token]
-    while len(out) < n:
-        out.append(engine.decode_step().token)
-    return out
-
-
 def reference_block(tokens: Sequence[int], block: int) -> bytes:
     kv = DeterministicTestEngine(GEOMETRY).reference_kv(tokens, block)
     return encode_container(Codec.RAW, 0, B, [(lk.k, lk.v) for lk in kv], geometry=DESCRIPTOR.geometry())
@@ -66,70 +54,6 @@ def reference_block(tokens: Sequence[int], block: int) -> bytes:
 
 def keys_of(tokens: Sequence[int]) -> list[bytes]:
     return block_keys(SCOPE_KEY, COMPAT, B, tokens)
-
-
-# -- the PC double -----------------------------------------------------------------------------------
-@dataclass
-class PcDouble:
-    """Accepts status PUTs and checkpoint PUTs like the PC of the contract, and records them."""
-
-    statuses: list[tuple[float, InstanceStatus]] = field(default_factory=list)
-    checkpoints: list[SessionCheckpoint] = field(default_factory=list)
-    epochs: dict[str, int] = field(default_factory=dict)  # the current epoch of each session, as the PC sees it
-    acks: list[tuple[float, int]] = field(default_factory=list)  # (when sent, output_offset)
-    release: asyncio.Event = field(default_factory=asyncio.Event)  # acks wait until this is set
-    hold_above: int | None = None  # acks of checkpoints beyond this output_offset never come
-    grant_sleep: bool = False
-    sleep_requests: int = 0
-
-    def __post_init__(self) -> None:
-        self.release.set()
-
-    def offsets(self, session: str) -> list[int]:
-        return [c.output_offset for c in self.checkpoints if c.session == session]
-
-    async def status(self, request: web.Request) -> web.Response:
-        status = InstanceStatus.from_bytes(await request.read())
-        self.statuses.append((time.monotonic(), status))
-        state = status.state.value
-        if status.requested_state is not None:
-            self.sleep_requests += 1
-            state = "draining" if self.grant_sleep else "active"
-        return web.json_response({"state": state}, content_type="application/kvsp+json")
-
-    async def checkpoint(self, request: web.Request) -> web.Response:
-        checkpoint = SessionCheckpoint.from_bytes(await request.read())
-        current = self.epochs.setdefault(checkpoint.session, checkpoint.epoch)
-        if checkpoint.epoch < current:
-            problem = Problem.of(ProblemType.STALE_EPOCH, f"epoch {checkpoint.epoch} < {current}")
-            return web.Response(status=409, body=problem.to_bytes(), content_type="application/problem+json")
-        self.checkpoints.append(checkpoint)
-        if self.hold_above is not None and checkpoint.output_offset > self.hold_above:
-            await asyncio.Event().wait()  # recorded, never acknowledged (until the connection goes)
-        await self.release.wait()
-        self.acks.append((time.monotonic(), checkpoint.output_offset))
-        body = {"session": checkpoint.session, "epoch": checkpoint.epoch, "output_offset": checkpoint.output_offset}
-        return web.json_response(body, content_type="application/kvsp+json")
-
-
-@asynccontextmanager
-async def pc_double(pki: DevPki) -> AsyncIterator[PcDouble]:
-    double = PcDouble()
-    uri = pki.uri("pc")
-    port = int(uri.split(":")[2].split("/")[0])
-    path = "/" + uri.split("/", 3)[3]
-    app = web.Application()
-    app.router.add_put(path + "instances/{iid}/status", double.status)
-    app.router.add_put(path + "sessions/{sid}/checkpoint", double.checkpoint)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=server_context(pki.files("pc")))
-    await site.start()
-    try:
-        yield double
-    finally:
-        double.release.set()
-        await runner.cleanup()
 
 
 # -- a holder that never answers -----------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Helpers of the relay tests: a dev PKI, KVSP-shaped namespaces, relays and publishers on loopback.
 
-Run as a script (``python -m tests.test_relay_support subscribe|publish ...``) it is the child process
+Run as a script (``python -m tests.support.relay subscribe|publish ...``) it is the child process
 of the process tests: a subscriber that can be frozen with SIGSTOP, or a publisher that can be killed.
 """
 
@@ -10,31 +10,38 @@ import argparse
 import asyncio
 import hashlib
 import json
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from control.policy import Policy, ScopeGrant
+from control.deploy.environment import REPO_ROOT
+from control.deploy.pki import DevPki
 from kvsp.identifiers import role_id
-from moqt.api import MemoryTrackSource, MoqtObject, Publisher, StoredTrack, Subscriber, allow_authenticated
-from moqt.api.errors import MoqtApiError
+from kvsp.service.policy import Policy, ScopeGrant
+from moqt.api import (
+    MemoryTrackSource,
+    MoqtObject,
+    Publisher,
+    StoredTrack,
+    Subscriber,
+    UpstreamLink,
+    allow_authenticated,
+)
 from moqt.events import ControlMessageReceived, MoqtEvent
 from moqt.messages import PublishDone
 from moqt.quic import EndpointConfig, QuicSettings
+from moqt.tracks import MoqtApiError
 from moqt.wire import Location, Namespace
 from relay.auth import relay_authorizer
 from relay.server import Relay
 from relay.settings import RelaySettings
-from relay.upstream import UpstreamLink
-from tests.support import DevPki
 
 SCOPE = bytes(range(16))
 COMPAT = hashlib.sha256(b"relay-compat").digest()
 TRACK = b"raw"
 NAMES = ["spine", "relay-a", "relay-b", "pub", "sub", "evil"]
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT  # the child processes run from the checkout's root
 
 
 def block_namespace(publisher_uri: str, block: int) -> Namespace:
@@ -174,12 +181,6 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=0)
     args = parser.parse_args()
     asyncio.run(_child_subscribe(args) if args.role == "subscribe" else _child_publish(args))
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 if __name__ == "__main__":

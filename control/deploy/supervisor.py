@@ -3,7 +3,8 @@
 Each child runs ``python -m control.cli serve ROLES --config FILE`` in its own session (so a terminal's
 Ctrl-C reaches only the supervisor, which then stops the children in order) and, on Linux, with a
 parent-death signal, so that no child outlives a supervisor that was itself killed.  Output goes to
-``logs/NAME.log`` in the run directory, appended across restarts.
+``logs/NAME.log`` in the run directory, appended across restarts.  ``kvsp up`` runs each phase of its
+deployment under one.
 """
 
 from __future__ import annotations
@@ -23,34 +24,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from control.up.layout import Proc
+from control.deploy.environment import child_env
+from control.deploy.ports import port_of
+from control.deploy.processes import StartError, serve_argv, wait_listening
+
+__all__ = ["Child", "Proc", "StartError", "Supervisor"]
 
 log = logging.getLogger("control.up")
 
 PR_SET_PDEATHSIG = 1
 STOP_ORDER = ("fe", "ii", "relay", "h", "pc")  # front end first, the PC (and its IS) last
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-class StartError(Exception):
-    """A role process did not come up; the message carries the tail of its log."""
+@dataclass(frozen=True, slots=True)
+class Proc:
+    """One supervised role process: ``kvsp serve ROLES --config CONFIG``, output appended to ``log``."""
 
-
-def child_env() -> dict[str, str]:
-    """The children import kvsp from the same tree as this process, installed or not."""
-    path = os.environ.get("PYTHONPATH")
-    root = str(REPO_ROOT)
-    return {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{path}" if path else root, "PYTHONUNBUFFERED": "1"}
+    name: str
+    roles: str  # comma-separated, as `kvsp serve` takes them
+    uri: str
+    config: str  # path relative to the run directory
+    log: str
+    instance: bool = False
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def port_of(uri: str) -> int:
-    return int(uri.split(":")[2].split("/", maxsplit=1)[0])
 
 
 @dataclass
@@ -85,7 +86,7 @@ class Supervisor:
                           f"{time.strftime('%H:%M:%S')} ---\n".encode())
             logfile.flush()
             child.popen = subprocess.Popen(
-                [sys.executable, "-m", "control.cli", "serve", p.roles, "--config", str(self.run_dir / p.config)],
+                serve_argv(p.roles, self.run_dir / p.config),
                 stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT, cwd=self.run_dir,
                 env=child_env(), start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)  # noqa: PLW1509
@@ -108,17 +109,8 @@ class Supervisor:
 
     async def wait_listening(self, name: str, deadline: float) -> None:
         child = self.children[name]
-        port = port_of(child.proc.uri)
-        while time.monotonic() < deadline:
-            if child.popen is None or child.popen.poll() is not None:
-                code = None if child.popen is None else child.popen.returncode
-                raise StartError(f"{name} exited with status {code}; log tail:\n{self.log_tail(name)}")
-            with contextlib.suppress(OSError):
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                return
-            await asyncio.sleep(0.1)
-        raise StartError(f"{name} did not listen on port {port} in time; log tail:\n{self.log_tail(name)}")
+        await wait_listening(name, port_of(child.proc.uri), child.popen, deadline=deadline,
+                             log=self.run_dir / child.proc.log)
 
     async def _watcher(self) -> None:
         while not self.stopping:

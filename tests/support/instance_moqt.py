@@ -11,7 +11,6 @@ import asyncio
 import dataclasses
 import hashlib
 import json
-import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -21,10 +20,11 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from control.deploy.pki import DevPki
+from control.deploy.ports import free_udp_port
 from control.holder.app import HOLDER
 from control.instance.app import INSTANCE
 from control.instance.role import InstanceRole
-from kvsp.service.tls import server_context
 from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient
 from kvsp.client.verify import REPR_DIGEST_FIELD, format_repr_digest
@@ -35,11 +35,11 @@ from kvsp.identifiers import TrackNamespace, role_id
 from kvsp.moqt_binding import BLOCK_GROUP, layer_object
 from kvsp.problems import Problem, ProblemType
 from kvsp.records import LookupRequest, ReplicaRecord, Sampler
+from kvsp.service.tls import server_context
 from moqt.api import MoqtObject, Publisher
 from moqt.quic import EndpointConfig
 from moqt.wire import Location, Namespace
-from tests.support import DevPki, role_config, running
-from tests.test_instance_support import (
+from tests.support.instance import (
     COMPAT,
     SCOPE,
     PcDouble,
@@ -49,15 +49,9 @@ from tests.test_instance_support import (
     replica_record,
     write_files,
 )
+from tests.support.servers import role_config, running
 
 T = 20.0  # seconds: the bound on every wait of these tests
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # -- the deployment -----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Shared pieces of the system tests: the PC, the instances and a cache holder as REAL processes.
+"""A whole system for the system tests and benchmarks: the PC, the instances and a cache holder as REAL processes.
 
 ``kvsp serve pc,is`` (the PC combined with the IS), two ``kvsp serve instance,holder`` processes and one
 ``kvsp serve holder`` (the cache holder the instances replicate computed blocks to, so that a session's
@@ -11,7 +11,7 @@ then ``GET sessions/{s}/tokens`` at the owner; when the stream breaks or stalls 
 ``GET sessions/{s}`` for the current owner and epoch and reconnects there with ``from = next index``,
 feeding every line to `control.instance.core.OutputAssembler`.
 
-(A module of helpers, named like a test module so that it sits with the system tests; it has no tests.)
+Used by tests/test_system_*.py and benchmarks/bench_failover.py.
 """
 
 from __future__ import annotations
@@ -19,54 +19,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
-from control.up.layout import TomlValue, toml_table, toml_value
+from control.deploy import configs
+from control.deploy.fixtures import DESCRIPTOR, SCOPE, SCOPE_KEY, VOCAB, geometry_of, reference_tokens
+from control.deploy.pki import DevPki
+from control.deploy.processes import kill, serve, wait_listening
 from kvsp.descriptor import CompatDescriptor
-from kvsp.engine import DeterministicTestEngine, EngineGeometry
+from kvsp.engine import EngineGeometry
 from kvsp.output import OutputAssembler
 from kvsp.records import Sampler
 from kvsp.records.generation import SessionInfo, StreamEnd, TokenEvent, parse_stream_line
-from tests.support import DevPki
-from tests.test_instance_support import DESCRIPTOR, GEOMETRY, SCOPE, SCOPE_KEY, VOCAB
 
-REPO = Path(__file__).resolve().parent.parent
+__all__ = ["JSON", "FrontEnd", "Output", "Settings", "System", "reference_tokens", "running_system"]
+
 NAMES = ("pc", "h1", "ii1", "ii2", "ii3", "fe")
 INSTANCES = ("ii1", "ii2")
 ROLES = {"pc": "pc,is", "h1": "holder", "ii1": "instance,holder", "ii2": "instance,holder", "ii3": "instance,holder"}
 JSON = "application/kvsp+json"
 LINK_MBIT_PER_S = 10_000.0  # the paths every instance reports (loopback): to the cache holder and its peer
 LINK_RTT_US = 100
-
-
-def child_env() -> dict[str, str]:
-    """The role processes import kvsp from this checkout, installed or not."""
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{path}" if path else str(REPO)}
-
-
-def geometry_of(model: CompatDescriptor) -> EngineGeometry:
-    """The test engine's geometry for ``model`` (the instances' ``vocab_size`` is VOCAB)."""
-    return EngineGeometry(layers=model.layers, kv_heads=model.kv_heads, head_dim=model.head_dim,
-                          block_tokens=model.block_tokens, vocab_size=VOCAB, kv_dtype=model.kv_dtype)
-
-
-def reference_tokens(prompt: Sequence[int], n: int, sampler: Sampler, geometry: EngineGeometry = GEOMETRY) -> list[int]:
-    """What DeterministicTestEngine produces run directly, without any instance or failure."""
-    engine = DeterministicTestEngine(geometry, sampler)
-    out = [engine.prefill(prompt).token]
-    while len(out) < n:
-        out.append(engine.decode_step().token)
-    return out
 
 
 def generate_body(prompt: Sequence[int], max_tokens: int, sampler: Sampler,
@@ -82,12 +62,13 @@ def generate_body(prompt: Sequence[int], max_tokens: int, sampler: Sampler,
 @dataclass
 class Settings:
     """Per-test overrides of the ``[pc]``, ``[instance]`` (both instances, or one by name) and ``[holder]``
-    tables; the defaults give fast failure detection on loopback."""
+    tables (keys of `configs.PcSection`, `configs.InstanceSection`, `configs.HolderSection`); the defaults
+    give fast failure detection on loopback."""
 
-    pc: dict[str, TomlValue] = field(default_factory=dict)
-    instance: dict[str, TomlValue] = field(default_factory=dict)
-    per_instance: dict[str, dict[str, TomlValue]] = field(default_factory=dict)
-    holder: dict[str, TomlValue] = field(default_factory=dict)
+    pc: dict[str, Any] = field(default_factory=dict)  # checked by dataclasses.replace, then the role's loader
+    instance: dict[str, Any] = field(default_factory=dict)
+    per_instance: dict[str, dict[str, Any]] = field(default_factory=dict)
+    holder: dict[str, Any] = field(default_factory=dict)
     link_mbit_per_s: float = LINK_MBIT_PER_S  # what the instances report for their paths (section 6.4)
     operators: tuple[str, ...] = ()  # names that may POST maps/{map} at the PC besides the PC
     model: CompatDescriptor = DESCRIPTOR  # the one model every role serves
@@ -98,41 +79,32 @@ def write_configs(pki: DevPki, tmp: Path, settings: Settings, instances: Sequenc
     model, key = str(tmp / "model.json"), str(tmp / "scope.key")
     (tmp / "model.json").write_text(json.dumps(settings.model.to_json()))
     (tmp / "scope.key").write_text(SCOPE_KEY.secret().hex())
-    grants, members = json.dumps([pki.uri(n) for n in NAMES]), json.dumps([pki.uri(n) for n in instances])
-    (tmp / "policy.toml").write_text(f'pc = "{pki.uri("pc")}"\ninstances = {members}\n[[scope]]\nid = "{SCOPE.hex()}"\n'
-                                     f"lookup = {grants}\nread = {grants}\nstore = {grants}\n")
+    configs.PolicyFile(pki.uri("pc"), [pki.uri(n) for n in instances],
+               [configs.ScopeEntry.open_to(SCOPE, [pki.uri(n) for n in NAMES])]).write(tmp / "policy.toml")
 
-    def head(name: str, roles: list[str]) -> str:
-        return (f"roles = {toml_value(roles)}\npolicy = \"policy.toml\"\n"
-                + toml_table("server", {"base_uri": pki.uri(name)})
-                + toml_table("tls", {"cert": f"{name}.pem", "key": f"{name}.key", "ca": "ca.pem"}))
+    def role_file(name: str, *sections: configs.Section) -> configs.RoleFile:
+        return configs.RoleFile(ROLES[name].split(","), pki.uri(name), configs.Tls.of(name), "policy.toml",
+                                sections=sections)
 
-    holder: dict[str, TomlValue] = {"index": pki.uri("pc"), "descriptors": [model], "replica_ttl_ms": 60_000,
-                                    **settings.holder}
-    pc: dict[str, TomlValue] = {"scope_keys": {SCOPE.hex(): key}, "descriptors": [model],
-                                "status_check_interval_ms": 50, "call_timeout_ms": 3000,
-                                "operators": [pki.uri(n) for n in settings.operators], **settings.pc}
-    (tmp / "pc.toml").write_text(head("pc", ["pc", "is"]) + toml_table("is", {"descriptors": [model]})
-                                 + toml_table("pc", pc))
-    (tmp / "h1.toml").write_text(head("h1", ["holder"]) + toml_table("holder", holder))
+    holder = replace(configs.HolderSection(index=pki.uri("pc"), descriptors=[model], replica_ttl_ms=60_000),
+                     **settings.holder)
+    pc = replace(configs.PcSection(scope_keys={SCOPE.hex(): key}, descriptors=[model], status_check_interval_ms=50,
+                           call_timeout_ms=3000, operators=[pki.uri(n) for n in settings.operators]), **settings.pc)
+    role_file("pc", configs.IndexSection(descriptors=[model]), pc).write(tmp / "pc.toml")
+    role_file("h1", holder).write(tmp / "h1.toml")
     for name in instances:
-        instance: dict[str, TomlValue] = {
-            "pc": pki.uri("pc"), "index": pki.uri("pc"), "engine": "test", "vocab_size": VOCAB,
-            "scope_keys": {SCOPE.hex(): key}, "replicate_to": [pki.uri("h1")], "status_ttl_ms": 1500,
-            "peers": [pki.uri(n) for n in (*instances, *settings.shard_writers)],
-            "load_timeout_ms": 5000, "final_ack_timeout_ms": 10_000,
-            "links": [{"holder": pki.uri(h), "mbit_per_s": settings.link_mbit_per_s, "rtt_us": LINK_RTT_US}
-                      for h in ("h1", *instances) if h != name],
-            **settings.instance, **settings.per_instance.get(name, {})}
-        (tmp / f"{name}.toml").write_text(head(name, ["instance", "holder"]) + toml_table("holder", holder)
-                                          + toml_table("instance", instance))
+        instance = configs.InstanceSection(
+            pc=pki.uri("pc"), index=pki.uri("pc"), engine="test", vocab_size=VOCAB,
+            scope_keys={SCOPE.hex(): key}, replicate_to=[pki.uri("h1")], status_ttl_ms=1500,
+            peers=[pki.uri(n) for n in (*instances, *settings.shard_writers)],
+            load_timeout_ms=5000, final_ack_timeout_ms=10_000,
+            links=[configs.HolderLink(pki.uri(h), settings.link_mbit_per_s, LINK_RTT_US)
+                   for h in ("h1", *instances) if h != name])
+        instance = replace(instance, **settings.instance, **settings.per_instance.get(name, {}))
+        role_file(name, holder, instance).write(tmp / f"{name}.toml")
 
 
 # -- processes ---------------------------------------------------------------------------------------
-def port_of(uri: str) -> int:
-    return int(uri.split(":")[2].split("/", maxsplit=1)[0])
-
-
 @dataclass
 class System:
     """The running processes, the PKI, and HTTPS clients by identity."""
@@ -150,15 +122,13 @@ class System:
     def spawn(self, name: str) -> None:
         """Start (or start again, as a new incarnation) the role process ``name``."""
         with (self.tmp / f"{name}.log").open("ab") as log:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "control.cli", "serve", ROLES[name], "--config", str(self.tmp / f"{name}.toml")],
-                stdout=subprocess.DEVNULL, stderr=log, cwd=self.tmp, env=child_env())
+            self.procs[name] = serve(ROLES[name], self.tmp / f"{name}.toml", cwd=self.tmp, stderr=log)
 
     async def restart(self, name: str) -> None:
         """Start a killed instance again and wait until the PC counts every instance as active."""
-        _stop(self.procs[name])
+        kill(self.procs[name])
         self.spawn(name)
-        await _wait_listening(self.pki, name, self.procs[name], self.tmp / f"{name}.log")
+        await wait_listening(name, self.pki.port(name), self.procs[name], timeout=30.0, log=self.tmp / f"{name}.log")
         await self.wait_active([n for n in self.procs if n in ROLES and ROLES[n].startswith("instance")])
 
     def uri(self, name: str) -> str:
@@ -209,29 +179,6 @@ class System:
         await self.wait_for(ready, f"{names} active at the PC", timeout)
 
 
-async def _wait_listening(pki: DevPki, name: str, proc: subprocess.Popen[bytes], log: Path,
-                          timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{name} exited with {proc.returncode}: {log.read_text(errors='replace')[-3000:]}")
-        with contextlib.suppress(OSError):
-            _, writer = await asyncio.open_connection("127.0.0.1", port_of(pki.uri(name)))
-            writer.close()
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{name} did not start listening")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Kill a role process, frozen or not, and reap it: no orphan outlives a test."""
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGCONT)
-        proc.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(10)
-
-
 @contextlib.asynccontextmanager
 async def running_system(tmp: Path, settings: Settings | None = None, *,
                          instances: Sequence[str] = INSTANCES) -> AsyncIterator[System]:
@@ -244,7 +191,7 @@ async def running_system(tmp: Path, settings: Settings | None = None, *,
         for name in ("pc", "h1", *instances):
             system.spawn(name)
         for name, proc in system.procs.items():
-            await _wait_listening(pki, name, proc, tmp / f"{name}.log")
+            await wait_listening(name, pki.port(name), proc, timeout=30.0, log=tmp / f"{name}.log")
         for who in ("fe", "pc"):
             connector = aiohttp.TCPConnector(ssl=pki.client_ssl(who))
             system.http[who] = aiohttp.ClientSession(connector=connector)
@@ -258,7 +205,7 @@ async def running_system(tmp: Path, settings: Settings | None = None, *,
         for session in system.http.values():
             await session.close()
         for proc in system.procs.values():
-            _stop(proc)
+            kill(proc)
         assert all(proc.returncode is not None for proc in system.procs.values()), "a role process outlived its test"
 
 
