@@ -175,8 +175,8 @@ class BlockPublisher:
                 claims = conn.authenticate_with_token(event.authorization[0].value)
                 self.identities.append(claims.subject)
         except AuthError as exc:
-            self.stats.setups_rejected.append((exc.session_code, str(exc)))
-            session.reject_setup(exc.session_code, str(exc))
+            self.stats.setups_rejected.append((DRAFT_14.session_errors.code(exc.error), str(exc)))
+            session.reject_setup(exc.error, str(exc))
             return
         for follow_up in session.accept_setup():
             self.on_event(conn, follow_up)

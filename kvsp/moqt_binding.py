@@ -42,6 +42,7 @@ from kvsp.identifiers import TrackNamespace
 from kvsp.records import ReplicaRecord
 from kvsp.registry import Codec, codec_name
 from moqt.auth import TokenClaims
+from moqt.kinds import PublishDoneStatus
 from moqt.tracks import Action, Authorizer, MoqtObject, TokenRule, TrackPublisher, TrackWriter
 from moqt.wire import Bytes, KeyValuePair, Location, Namespace
 
@@ -327,6 +328,6 @@ class LiveBlockPublisher:
         self.track.end_group()
         self.track.close()
 
-    def abort(self, code: int = 0x0) -> None:
-        """Production failed: streams are reset and subscribers get PUBLISH_DONE with ``code``."""
-        self.track.close(error_code=code)
+    def abort(self, status: PublishDoneStatus | int = PublishDoneStatus.INTERNAL_ERROR) -> None:
+        """Production failed: streams are reset and subscribers get PUBLISH_DONE with ``status``."""
+        self.track.close(status)

@@ -20,7 +20,6 @@ from moqt.data import (
     PayloadChunk,
     StreamFinished,
     SubgroupHeader,
-    SubgroupIdMode,
     SubgroupWriter,
 )
 from moqt.errors import (
@@ -58,6 +57,7 @@ from moqt.kinds import (
     RequestError,
     SessionError,
     StreamReset,
+    SubgroupIdMode,
 )
 from moqt.params import AuthToken, RequestParameters, ResolvedToken, SetupParameters
 from moqt.profiles import DRAFT_14, Profile

@@ -17,7 +17,7 @@ is a CBOR Web Token (RFC 8392) in a COSE_Sign1 envelope (RFC 9052 section 4.2) s
 ``sub`` is the subject identity (a ``https://`` or ``moqt://`` URI, as in a certificate's URI SAN).
 The signature covers ``Sig_structure = ["Signature1", protected, h'', payload]`` exactly as received,
 so nothing is re-encoded before verification. Decoding is fuzz-safe: any input either verifies or
-raises an :class:`AuthError`, whose ``session_code`` is the MOQT session termination code to close
+raises an :class:`AuthError`, whose ``error`` names the MOQT session termination to close
 with. Tokens are bounded (:data:`MAX_TOKEN_OCTETS`) before any parsing.
 """
 
@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
 
 from moqt.errors import MoqtError
+from moqt.kinds import SessionError
 
 # -- wire constants --------------------------------------------------------------------------------
 CWT_TAG: Final = 61  # RFC 8392 section 6
@@ -66,21 +67,19 @@ _CBOR2_SEMANTIC_TAGS: Final = (0, 1, 2, 3, 4, 5, 25, 28, 29, 30, 35, 36, 37, 52,
                                261, 1004, 55799)
 
 # MOQT session termination codes (draft-14 section 3.4) the errors map to.
-UNAUTHORIZED: Final = 0x2
-MALFORMED_AUTH_TOKEN: Final = 0x16
-EXPIRED_AUTH_TOKEN: Final = 0x18
 
 
 class AuthError(MoqtError):
-    """A peer failed authentication. ``session_code`` is the MOQT termination code to close with."""
+    """A peer failed authentication. ``error`` names the MOQT session termination to close with (the
+    session's profile gives its number)."""
 
-    session_code: ClassVar[int] = UNAUTHORIZED
+    error: ClassVar[SessionError] = SessionError.UNAUTHORIZED
 
 
 class MalformedTokenError(AuthError):
     """Not a COSE_Sign1 CWT of the expected shape, or over the size limit."""
 
-    session_code = MALFORMED_AUTH_TOKEN
+    error = SessionError.MALFORMED_AUTH_TOKEN
 
 
 class UnsupportedAlgorithmError(MalformedTokenError):
@@ -94,7 +93,7 @@ class BadSignatureError(AuthError):
 class ExpiredTokenError(AuthError):
     """The token is past its ``exp`` or before its ``nbf``."""
 
-    session_code = EXPIRED_AUTH_TOKEN
+    error = SessionError.EXPIRED_AUTH_TOKEN
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,8 @@
 """MOQT data streams and datagrams (draft-14 section 10): headers, object fields, parsers, encoders.
 
+The stream and datagram type code points come from the profile's ``data_framing`` table (read once
+per parser or writer); the field layout after the type is the one every draft since 14 shares.
+
 Why this shape:
 
 * Parsing is incremental and allocation-light: ``DataStreamParser.feed`` returns the stream header,
@@ -16,13 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Final, TypeAlias
 
 from moqt.errors import NeedMoreData, ProtocolViolation
-from moqt.kinds import ObjectStatus, SessionError
+from moqt.kinds import ObjectStatus, SessionError, SubgroupIdMode
 from moqt.profiles import DRAFT_14, Profile
-from moqt.profiles.draft14 import DatagramType, DataStreamType  # the draft-14 framing this module implements
+from moqt.profiles.base import DatagramForm, SubgroupForm
 from moqt.wire import VARINT_MAX, Bytes, KeyValuePair, Reader, Writer, decode_kvp_block, encode_kvps, encode_varint
 
 DEFAULT_MAX_OBJECT_SIZE: Final = 64 * 1024 * 1024
@@ -34,17 +36,9 @@ Extensions: TypeAlias = tuple[KeyValuePair, ...]
 Payload: TypeAlias = bytes | bytearray | memoryview
 
 
-class SubgroupIdMode(IntEnum):
-    """How a SUBGROUP_HEADER type conveys the Subgroup ID (bits 0x06 of the type, shifted)."""
-
-    ZERO = 0
-    FIRST_OBJECT = 1
-    PRESENT = 2
-
-
 @dataclass(frozen=True, slots=True)
 class SubgroupHeader:
-    """SUBGROUP_HEADER (types 0x10-0x15, 0x18-0x1D).
+    """SUBGROUP_HEADER (its type, one of the profile's ``subgroup_types``, says the three flags).
 
     ``subgroup_id`` is 0 for mode ZERO; for FIRST_OBJECT it is None when decoded (the first object's
     ID supplies it) and, when encoding, the ID the first object must carry (or None: unchecked).
@@ -73,13 +67,13 @@ class SubgroupHeader:
         mode = SubgroupIdMode.ZERO if subgroup_id == 0 else SubgroupIdMode.PRESENT
         return cls(track_alias, group_id, subgroup_id, publisher_priority, mode, extensions_present, end_of_group)
 
-    @property
-    def stream_type(self) -> int:
-        return 0x10 | int(self.extensions_present) | (self.subgroup_id_mode << 1) | (int(self.end_of_group) << 3)
+    def stream_type(self, profile: Profile = DRAFT_14) -> int:
+        form = SubgroupForm(self.subgroup_id_mode, self.extensions_present, self.end_of_group)
+        return profile.data_framing.subgroup_codes[form]
 
-    def encode(self) -> bytes:
+    def encode(self, profile: Profile = DRAFT_14) -> bytes:
         writer = Writer()
-        writer.push_varint(self.stream_type)
+        writer.push_varint(self.stream_type(profile))
         writer.push_varint(self.track_alias)
         writer.push_varint(self.group_id)
         if self.subgroup_id_mode == SubgroupIdMode.PRESENT and self.subgroup_id is not None:
@@ -88,8 +82,8 @@ class SubgroupHeader:
         return writer.getvalue()
 
     @classmethod
-    def decode_after_type(cls, reader: Reader, stream_type: int) -> SubgroupHeader:
-        mode = SubgroupIdMode((stream_type >> 1) & 0x3)
+    def decode_after_type(cls, reader: Reader, form: SubgroupForm) -> SubgroupHeader:
+        mode = form.subgroup_id_mode
         alias = reader.pull_varint()
         group = reader.pull_varint()
         subgroup: int | None = None
@@ -97,19 +91,18 @@ class SubgroupHeader:
             subgroup = reader.pull_varint()
         elif mode == SubgroupIdMode.ZERO:
             subgroup = 0
-        return cls(alias, group, subgroup, reader.pull_uint8(), mode, bool(stream_type & 0x1),
-                   bool(stream_type & 0x8))
+        return cls(alias, group, subgroup, reader.pull_uint8(), mode, form.extensions_present, form.end_of_group)
 
 
 @dataclass(frozen=True, slots=True)
 class FetchHeader:
-    """FETCH_HEADER (type 0x05): the Request ID of the FETCH this stream answers."""
+    """FETCH_HEADER: the Request ID of the FETCH this stream answers."""
 
     request_id: int
 
-    def encode(self) -> bytes:
+    def encode(self, profile: Profile = DRAFT_14) -> bytes:
         writer = Writer()
-        writer.push_varint(DataStreamType.FETCH_HEADER)
+        writer.push_varint(profile.data_framing.fetch_header)
         writer.push_varint(self.request_id)
         return writer.getvalue()
 
@@ -180,6 +173,9 @@ class DataStreamParser:
     def __init__(self, *, max_object_size: int = DEFAULT_MAX_OBJECT_SIZE,
                  max_extensions_length: int = DEFAULT_MAX_EXTENSIONS_LENGTH, profile: Profile = DRAFT_14) -> None:
         self._profile = profile
+        framing = profile.data_framing  # read once: a stream's header is parsed at most once per parser
+        self._fetch_header = framing.fetch_header
+        self._subgroup_types = framing.subgroup_types
         self._max_object = max_object_size
         self._max_ext = max_extensions_length
         self._max_header = _HEADER_SLACK + max_extensions_length
@@ -261,11 +257,12 @@ class DataStreamParser:
 
     def _parse_stream_header(self, reader: Reader) -> DataEvent:
         stream_type = reader.pull_varint()
-        if stream_type == DataStreamType.FETCH_HEADER:
+        if stream_type == self._fetch_header:
             return FetchHeader(reader.pull_varint())
-        if stream_type not in DataStreamType._value2member_map_:
+        form = self._subgroup_types.get(stream_type)
+        if form is None:
             raise ProtocolViolation(_PV, f"unknown data stream type 0x{stream_type:x}")
-        return SubgroupHeader.decode_after_type(reader, stream_type)
+        return SubgroupHeader.decode_after_type(reader, form)
 
     def _parse_object(self, reader: Reader) -> DataEvent:
         header = self.header
@@ -364,7 +361,7 @@ class SubgroupWriter:
     remaining: int = field(default=0, init=False)
 
     def encode_header(self) -> bytes:
-        return self.header.encode()
+        return self.header.encode(self.profile)
 
     def encode_object(self, object_id: int, payload: Payload = b"", *, extensions: Sequence[KeyValuePair] = (),
                       status: ObjectStatus = ObjectStatus.NORMAL) -> list[Payload]:
@@ -411,7 +408,7 @@ class FetchWriter:
     remaining: int = field(default=0, init=False)
 
     def encode_header(self) -> bytes:
-        return self.header.encode()
+        return self.header.encode(self.profile)
 
     def encode_object(self, group_id: int, subgroup_id: int, object_id: int, payload: Payload = b"", *,
                       publisher_priority: int = 128, extensions: Sequence[KeyValuePair] = (),
@@ -447,7 +444,7 @@ class FetchWriter:
 
 @dataclass(frozen=True, slots=True)
 class ObjectDatagram:
-    """OBJECT_DATAGRAM (payload types 0x00-0x07) or its status form (types 0x20-0x21)."""
+    """OBJECT_DATAGRAM, or its status form (its type, one of the profile's ``datagram_types``)."""
 
     track_alias: int
     group_id: int
@@ -464,24 +461,26 @@ class ObjectDatagram:
             raise ValueError("a status datagram has no End of Group flag (use status END_OF_GROUP)")
 
     @property
-    def datagram_type(self) -> int:
-        ext = int(bool(self.extensions))
-        if self.status != ObjectStatus.NORMAL:
-            return DatagramType.STATUS | ext
-        return ext | (int(self.end_of_group) << 1) | (0x04 if self.object_id == 0 else 0)
+    def form(self) -> DatagramForm:
+        """The shortest form: an Object ID of 0 is implied where a payload form allows it."""
+        status = self.status != ObjectStatus.NORMAL
+        return DatagramForm(bool(self.extensions), self.end_of_group, status or self.object_id != 0, status)
+
+    def datagram_type(self, profile: Profile = DRAFT_14) -> int:
+        return profile.data_framing.datagram_codes[self.form]
 
     def encode(self, profile: Profile = DRAFT_14) -> bytes:
-        kind = self.datagram_type
+        form = self.form
         writer = Writer()
-        writer.push_varint(kind)
+        writer.push_varint(profile.data_framing.datagram_codes[form])
         writer.push_varint(self.track_alias)
         writer.push_varint(self.group_id)
-        if not kind & 0x04:  # Object ID Present (always, for the status types)
+        if form.object_id_present:
             writer.push_varint(self.object_id)
         writer.push_uint8(self.publisher_priority)
         if self.extensions:
             writer.push_length_prefixed(encode_kvps(self.extensions))
-        if kind & DatagramType.STATUS:
+        if form.status:
             writer.push_varint(profile.object_statuses.code(self.status))
         else:
             writer.push_bytes(self.payload)
@@ -500,20 +499,20 @@ class ObjectDatagram:
     @classmethod
     def _decode(cls, reader: Reader, max_ext: int, profile: Profile) -> ObjectDatagram:
         kind = reader.pull_varint()
-        if kind not in DatagramType._value2member_map_:
+        form = profile.data_framing.datagram_types.get(kind)
+        if form is None:
             raise ProtocolViolation(_PV, f"unknown datagram type 0x{kind:x}")
-        is_status = bool(kind & DatagramType.STATUS)
         alias, group = reader.pull_varint(), reader.pull_varint()
-        object_id = reader.pull_varint() if is_status or not kind & 0x04 else 0
+        object_id = reader.pull_varint() if form.object_id_present else 0
         priority = reader.pull_uint8()
         extensions: Extensions = ()
-        if kind & 0x01:
+        if form.extensions_present:
             extensions = _pull_extensions(reader, max_ext)
             if not extensions:
                 raise ProtocolViolation(_PV, "datagram says Extensions Present with an empty block")
-        if not is_status:
+        if not form.status:
             payload = reader.pull_bytes(reader.remaining)
-            return cls(alias, group, object_id, priority, payload, extensions, ObjectStatus.NORMAL, bool(kind & 0x02))
+            return cls(alias, group, object_id, priority, payload, extensions, ObjectStatus.NORMAL, form.end_of_group)
         status = _pull_status(reader, profile)
         if not reader.at_end():
             raise ProtocolViolation(_PV, "payload after an Object Status in a datagram")

@@ -155,6 +155,14 @@ class AliasType(enum.Enum):
     USE_VALUE = "USE_VALUE"
 
 
+class SubgroupIdMode(enum.Enum):
+    """How a subgroup stream's header conveys its Subgroup ID."""
+
+    ZERO = "ZERO"  # implied 0
+    FIRST_OBJECT = "FIRST_OBJECT"  # the first object's ID
+    PRESENT = "PRESENT"  # a field of the header
+
+
 class SetupParameter(enum.Enum):
     PATH = "PATH"
     MAX_REQUEST_ID = "MAX_REQUEST_ID"

@@ -208,7 +208,7 @@ class PeerAuthentication:
 
         On success the peer is authenticated by token (if a certificate already did it, the token must
         name the same subject) and ``token_claims`` says what it may use. Raises
-        :class:`~moqt.auth.AuthError`: close or reject the setup with its ``session_code``.
+        :class:`~moqt.auth.AuthError`: close or reject the setup with its ``error``.
         """
         claims = verify_token(token, self.token_keys, time.time() if now is None else now)
         if self._authenticated_by == "certificate" and claims.subject != self._peer_identity:

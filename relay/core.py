@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
 
+from moqt.kinds import PublishDoneStatus
 from moqt.tracks import MoqtObject, fetch_stop
 from moqt.wire import VARINT_MAX, Location, Namespace
 
@@ -204,9 +205,10 @@ class ObjectCache:
 # -- per-subscriber send queues ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class TrackEnd:
-    """The upstream subscription is over: normally (``code`` None) or with a PUBLISH_DONE status."""
+    """The upstream subscription is over: normally (``status`` None) or with a PUBLISH_DONE status (its
+    name, or the upstream's code where the profile names none: passed on as it is)."""
 
-    code: int | None = None
+    status: PublishDoneStatus | int | None = None
     reason: str = ""
 
 

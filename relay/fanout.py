@@ -26,8 +26,8 @@ from moqt.api import (
     TransferError,
 )
 from moqt.errors import LocalError
+from moqt.kinds import PublishDoneStatus, StreamReset
 from moqt.messages import SubscribeOk
-from moqt.profile import PublishDoneCode, StreamResetCode
 from moqt.tracks import NORMAL_END, GroupLog
 from moqt.wire import Location
 from relay.core import QueueItem, RelayStats, SendQueue, TrackEnd, TrackKey, objects_from
@@ -72,7 +72,7 @@ class Downstream:
         try:
             while True:
                 if self.ended_too_far_behind:
-                    self._end(PublishDoneCode.TOO_FAR_BEHIND, "too far behind")
+                    self._end(PublishDoneStatus.TOO_FAR_BEHIND, "too far behind")
                     return
                 item = self.queue.pop()
                 if item is None:
@@ -80,10 +80,10 @@ class Downstream:
                     await self._wake.wait()
                     continue
                 if isinstance(item, TrackEnd):
-                    self._end(item.code, item.reason)
+                    self._end(item.status, item.reason)
                     return
                 if self.end_group is not None and item.group > self.end_group:
-                    self._end(PublishDoneCode.SUBSCRIPTION_ENDED, "")
+                    self._end(PublishDoneStatus.SUBSCRIPTION_ENDED, "")
                     return
                 if self.group != item.group:
                     self._finish_stream()
@@ -121,16 +121,16 @@ class Downstream:
             self.endpoint.session.finish_stream(self.stream)
             self.stream = None
 
-    def _end(self, code: int | None, reason: str) -> None:
+    def _end(self, status: PublishDoneStatus | int | None, reason: str) -> None:
         """PUBLISH_DONE: after the open stream's FIN when the end is normal, after its reset otherwise."""
         session = self.endpoint.session
-        if code is None or code in NORMAL_END:
+        if status is None or status in NORMAL_END:
             self._finish_stream()
-            code = PublishDoneCode.TRACK_ENDED if code is None else code
+            status = PublishDoneStatus.TRACK_ENDED if status is None else status
         elif self.stream is not None:
-            session.reset_stream(self.stream, StreamResetCode.INTERNAL_ERROR)
+            session.reset_stream(self.stream, StreamReset.INTERNAL_ERROR)
             self.stream = None
-        session.publish_done(self.request_id, code, reason)
+        session.publish_done(self.request_id, status, reason)
         self.endpoint.link.transmit_soon()
 
 
@@ -171,15 +171,15 @@ class RelayTrack:
                     self.deliver(obj)
         except SubscribeRefused as exc:
             self._refuse(exc)
-            end = TrackEnd(PublishDoneCode.INTERNAL_ERROR, exc.reason)
+            end = TrackEnd(PublishDoneStatus.INTERNAL_ERROR, exc.reason)
         except SubscriptionEnded as exc:
-            end = TrackEnd(exc.code, exc.reason)
+            end = TrackEnd(exc.status, exc.reason)
         except (TransferError, TimeoutError) as exc:
             log.info("upstream of %r lost: %s", self.key[1], exc)
             self._refuse(exc)
-            end = TrackEnd(PublishDoneCode.INTERNAL_ERROR, "the publisher was lost")
+            end = TrackEnd(PublishDoneStatus.INTERNAL_ERROR, "the publisher was lost")
         except asyncio.CancelledError:
-            end = TrackEnd(PublishDoneCode.GOING_AWAY, "the relay stopped relaying the track")
+            end = TrackEnd(PublishDoneStatus.GOING_AWAY, "the relay stopped relaying the track")
             raise
         finally:
             self.finish(end)
@@ -223,7 +223,7 @@ class RelayTrack:
             return
         self.ended = end
         if not self.ready.done():
-            self.ready.set_exception(TransferError(0, end.reason or "the upstream subscription ended"))
+            self.ready.set_exception(TransferError(None, end.reason or "the upstream subscription ended"))
             self.ready.exception()
         for down in list(self.downstream):
             down.push(end)
@@ -233,7 +233,7 @@ class RelayTrack:
         if self.task is not None:
             self.task.cancel()
         else:
-            self.finish(TrackEnd(PublishDoneCode.GOING_AWAY, "the relay is closing"))
+            self.finish(TrackEnd(PublishDoneStatus.GOING_AWAY, "the relay is closing"))
 
 
 async def serve_downstream(track: RelayTrack, down: Downstream) -> None:

@@ -45,7 +45,7 @@ from moqt.api import (
 )
 from moqt.errors import LocalError, MoqtError
 from moqt.events import SetupRequested
-from moqt.kinds import RequestError, SessionError, StreamReset
+from moqt.kinds import FilterType, GroupOrder, RequestError, SessionError, StreamReset
 from moqt.messages import (
     ControlMessage,
     Fetch,
@@ -58,7 +58,6 @@ from moqt.messages import (
     SubscribeNamespace,
     UnsubscribeNamespace,
 )
-from moqt.profile import FilterType, GroupOrder, SessionErrorCode
 from moqt.session import MoqtSession
 from moqt.tracks import ObjectAssembler, RequestKind, RequestTracker, subscription_start
 from moqt.wire import Location, Namespace
@@ -201,7 +200,7 @@ class Relay(Publisher):
             async with upstream_fetch as objects:
                 ok = await objects.answered()
                 if not isinstance(ok, FetchOk):
-                    raise TransferError(0, "the upstream FETCH ended without FETCH_OK")
+                    raise TransferError(None, "the upstream FETCH ended without FETCH_OK")
                 stream = cut.open(ok)
                 async for obj in objects:
                     if cut.error is not None:
@@ -216,7 +215,7 @@ class Relay(Publisher):
         except FetchRefused as exc:
             if exc.not_found and not last:
                 return False
-            session.fetch_error(request_id, exc.code, exc.reason)
+            session.fetch_error(request_id, exc.error, exc.reason)
             return True
         except (TransferError, TimeoutError) as exc:
             log.info("upstream FETCH failed: %s", exc)
@@ -261,7 +260,7 @@ class Relay(Publisher):
             try:
                 await asyncio.shield(track.ready)
             except SubscribeRefused as exc:  # the publisher's answer, passed on as it is
-                session.subscribe_error(request_id, exc.code, exc.reason)
+                session.subscribe_error(request_id, exc.error, exc.reason)
                 return
             except (MoqtError, TimeoutError):
                 session.subscribe_error(request_id, RequestError.INTERNAL_ERROR,
@@ -398,7 +397,7 @@ class Relay(Publisher):
         if self.draining:
             endpoint.session.reject_setup(SessionError.INTERNAL_ERROR, "relay draining")
             endpoint.link.transmit_soon()
-            endpoint.terminated(SessionErrorCode.INTERNAL_ERROR, "relay draining")
+            endpoint.terminated(SessionError.INTERNAL_ERROR, "relay draining")
             return
         super().on_setup(endpoint, event)
 
@@ -440,4 +439,4 @@ class Relay(Publisher):
             task.cancel()
         await super().close()
         for endpoint in self.endpoints:
-            endpoint.close(SessionErrorCode.NO_ERROR, "relay closing")
+            endpoint.close(SessionError.NO_ERROR, "relay closing")

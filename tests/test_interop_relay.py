@@ -11,7 +11,8 @@ import asyncio
 from interop.endpoints import verify_block
 from interop.harness import Aiomoqt, Credentials
 from interop.relay import relay_publisher, start_relay
-from moqt.profile import PublishDoneCode, SessionErrorCode
+from moqt.kinds import PublishDoneStatus, SessionError
+from moqt.profiles import DRAFT_14
 from tests.test_interop import (
     AIOMOQT_LIVE,
     AIOMOQT_STORED,
@@ -48,12 +49,13 @@ async def test_aiomoqt_publisher_and_subscriber_through_our_relay(aiomoqt: Aiomo
             assert_ok(report)
         assert verify_block(AIOMOQT_LIVE, live.triples()) == record_digest(AIOMOQT_LIVE)
         assert_live([o.recv_us / 1e6 for o in live.layers], AIOMOQT_LIVE.layers)
-        assert live.publish_done_status == PublishDoneCode.TRACK_ENDED
+        assert live.publish_done_status == DRAFT_14.publish_done.code(PublishDoneStatus.TRACK_ENDED)
         for report in (first, second):
             assert verify_block(AIOMOQT_STORED, report.triples()) == record_digest(AIOMOQT_STORED)
         stats = relay.stats
         assert (stats.upstream_fetches, stats.cache_hits, stats.upstream_subscribes) == (1, 1, 1)
-        assert not refused.ok and refused.raw.get("close_code") == SessionErrorCode.UNAUTHORIZED
+        unauthorized = DRAFT_14.session_errors.code(SessionError.UNAUTHORIZED)
+        assert not refused.ok and refused.raw.get("close_code") == unauthorized
     finally:
         await relay.close()
 

@@ -16,8 +16,8 @@ import pytest
 from moqt.api import FetchRefused, StreamResetError, Subscriber, SubscriptionEnded
 from moqt.api.memory import MemoryNet
 from moqt.events import ControlMessageReceived, MoqtEvent, SetupRequested
+from moqt.kinds import PublishDoneStatus, RequestError, StreamReset
 from moqt.messages import Fetch, Subscribe
-from moqt.profile import FetchErrorCode, PublishDoneCode, StreamResetCode
 from moqt.session import MoqtSession
 from moqt.wire import Location
 
@@ -51,7 +51,7 @@ def fetch_then_reset(session: MoqtSession, message: Fetch | Subscribe) -> Finish
     stream = session.open_fetch_stream(message.request_id)
     for object_id, payload in enumerate(PAYLOADS):
         session.send_fetch_object(stream, 0, 0, object_id, payload)
-    return lambda: session.reset_stream(stream, StreamResetCode.INTERNAL_ERROR)
+    return lambda: session.reset_stream(stream, StreamReset.INTERNAL_ERROR)
 
 
 def subscribe_then_reset(session: MoqtSession, message: Fetch | Subscribe) -> Finish:
@@ -63,7 +63,7 @@ def subscribe_then_reset(session: MoqtSession, message: Fetch | Subscribe) -> Fi
     broken = session.open_subgroup(message.request_id, 0, 1)
     session.send_object(broken, 1, PAYLOADS[1])
     session.send_object(broken, 2, PAYLOADS[2])
-    return lambda: session.reset_stream(broken, StreamResetCode.INTERNAL_ERROR)
+    return lambda: session.reset_stream(broken, StreamReset.INTERNAL_ERROR)
 
 
 def subscribe_then_fail(session: MoqtSession, message: Fetch | Subscribe) -> Finish:
@@ -72,7 +72,7 @@ def subscribe_then_fail(session: MoqtSession, message: Fetch | Subscribe) -> Fin
     stream = session.open_subgroup(message.request_id, 0, 0)
     for object_id, payload in enumerate(PAYLOADS):
         session.send_object(stream, object_id, payload, end_of_stream=object_id == len(PAYLOADS) - 1)
-    return lambda: session.publish_done(message.request_id, PublishDoneCode.INTERNAL_ERROR, "the source failed")
+    return lambda: session.publish_done(message.request_id, PublishDoneStatus.INTERNAL_ERROR, "the source failed")
 
 
 class Peers:
@@ -104,7 +104,7 @@ async def test_fetch_objects_before_a_reset_come_first() -> None:
             async for obj in objects:
                 received.append(bytes(obj.payload))
     assert received == PAYLOADS
-    assert caught.value.code == StreamResetCode.INTERNAL_ERROR
+    assert caught.value.error is StreamReset.INTERNAL_ERROR
 
 
 @pytest.mark.parametrize("answer", [subscribe_then_reset, subscribe_then_fail])
@@ -123,7 +123,7 @@ async def test_subscribe_objects_before_an_error_come_first(answer: Answer) -> N
 
 async def test_an_error_before_any_ok_is_still_raised_by_answered() -> None:
     def refuse(session: MoqtSession, message: Fetch | Subscribe) -> None:
-        session.fetch_error(message.request_id, FetchErrorCode.NO_OBJECTS, "nothing there")
+        session.fetch_error(message.request_id, RequestError.NO_OBJECTS, "nothing there")
 
     peers = await connected(refuse)
     async with peers.sub.fetch(NAMESPACE, b"t", Location(0, 0), Location(0, 4)) as objects:

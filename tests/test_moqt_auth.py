@@ -22,10 +22,7 @@ from hypothesis import strategies as st
 
 from kvsp.pki import RoleSpec, make_dev_pki
 from moqt.auth import (
-    EXPIRED_AUTH_TOKEN,
-    MALFORMED_AUTH_TOKEN,
     MAX_TOKEN_OCTETS,
-    UNAUTHORIZED,
     AuthError,
     BadSignatureError,
     ExpiredTokenError,
@@ -37,6 +34,7 @@ from moqt.auth import (
     verify_token,
 )
 from moqt.errors import MoqtError
+from moqt.kinds import SessionError
 from moqt.tls import LocalCredentials, PeerAuthentication, PeerCertificateError, PeerTrust, uri_sans
 
 NOW = 1_760_000_000
@@ -146,7 +144,7 @@ def test_expiry_with_injected_clock(key: ec.EllipticCurvePrivateKey, token: byte
     for now in (NOW + 600, NOW + 10_000):
         with pytest.raises(ExpiredTokenError) as info:
             verify_token(token, [key.public_key()], now=now)
-        assert info.value.session_code == EXPIRED_AUTH_TOKEN
+        assert info.value.error is SessionError.EXPIRED_AUTH_TOKEN
     early = issue_token(key, SUBJECT, expires_at=NOW + 600, now=NOW, not_before=NOW + 100)
     with pytest.raises(ExpiredTokenError):
         verify_token(early, [key.public_key()], now=NOW + 50)
@@ -159,7 +157,7 @@ def test_untrusted_key_and_tampering(key: ec.EllipticCurvePrivateKey, token: byt
     other = ec.generate_private_key(ec.SECP256R1()).public_key()
     with pytest.raises(BadSignatureError) as info:
         verify_token(token, [other], NOW)
-    assert info.value.session_code == UNAUTHORIZED
+    assert info.value.error is SessionError.UNAUTHORIZED
     with pytest.raises(BadSignatureError):
         verify_token(token, [], NOW)
     payload_at = token.index(SUBJECT.encode())
@@ -175,7 +173,7 @@ def test_untrusted_key_and_tampering(key: ec.EllipticCurvePrivateKey, token: byt
 def test_wrong_or_missing_algorithm(key: ec.EllipticCurvePrivateKey, protected: dict[int, object]) -> None:
     with pytest.raises(UnsupportedAlgorithmError) as info:
         verify_token(_sign1(key, protected, _claims()), [key.public_key()], NOW)
-    assert info.value.session_code == MALFORMED_AUTH_TOKEN
+    assert info.value.error is SessionError.MALFORMED_AUTH_TOKEN
 
 
 @pytest.mark.parametrize("claims", [

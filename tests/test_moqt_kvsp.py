@@ -54,6 +54,7 @@ from kvsp.service.config import RoleConfig
 from kvsp.service.policy import Policy, ScopeGrant
 from moqt.api import Action, MemoryTrackSource, MoqtObject, Publisher, PublisherSettings, StoredTrack
 from moqt.auth import issue_token, verify_token
+from moqt.kinds import RequestError
 from moqt.quic import EndpointConfig, QuicSettings
 from moqt.wire import Location, Namespace
 from tests.support.servers import role_config, running
@@ -323,7 +324,7 @@ async def test_refusals_from_the_holder(deployment: Deployment) -> None:
         async with asyncio.timeout(T):
             with pytest.raises(MoqtRefusedError) as info:  # authenticated, but may not read the scope
                 await stranger.fetch_block(moqt, geometry=GEOMETRY)
-            assert info.value.code == 0x1
+            assert info.value.error is RequestError.UNAUTHORIZED
             with pytest.raises((MoqtRefusedError, TransportError)):  # neither certificate nor token
                 await anonymous.fetch_block(moqt, geometry=GEOMETRY)
             foreign = dataclasses.replace(moqt, moqt_namespace=TrackNamespace(COMPAT, SCOPE, HOLDER_ID, key(2)))

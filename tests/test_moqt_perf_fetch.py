@@ -30,7 +30,7 @@ from kvsp.pki import RoleSpec, make_dev_pki
 from kvsp.registry import Codec
 from moqt.api import MoqtObject, Publisher
 from moqt.api.endpoint import Endpoint
-from moqt.profile import StreamResetCode
+from moqt.kinds import StreamReset
 from moqt.quic import EndpointConfig, QuicSettings
 from moqt.quic.aioquic_hooks import HookedQuicConnection, capped_congestion_control
 
@@ -52,7 +52,7 @@ class Recorder:
     def finish_stream(self, stream: int) -> None:
         self.log.append("fin")
 
-    def reset_stream(self, stream: int, code: int) -> None:
+    def reset_stream(self, stream: int, code: StreamReset | int) -> None:
         self.log.append(f"reset {code}")
 
     async def drain(self, stream: int) -> None:
@@ -121,7 +121,7 @@ def test_a_link_without_transmit_now_gets_transmit_soon() -> None:
 def test_a_failing_source_resets_the_stream_after_what_was_sent() -> None:
     recorder = Recorder()
     _send(recorder, _objects(3, fail_after=2))
-    assert recorder.log == ["object 0", "flush", "object 1", f"reset {StreamResetCode.INTERNAL_ERROR}"]
+    assert recorder.log == ["object 0", "flush", "object 1", f"reset {StreamReset.INTERNAL_ERROR}"]
 
 
 def test_sending_a_range_takes_no_extra_event_loop_turn() -> None:

@@ -18,7 +18,7 @@ from moqt import kinds
 from moqt.messages import ALL_MESSAGES, ControlMessage, Fetch, message_classes
 from moqt.profiles import DRAFT_14
 from moqt.profiles import draft14 as d14
-from moqt.profiles.base import CodeMap
+from moqt.profiles.base import CodeMap, DatagramForm, SubgroupForm
 from moqt.wire import Location, Reader
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,18 +28,9 @@ DRAFT_14_ENUMS = frozenset({
     "PublishDoneCode", "PublishErrorCode", "FetchErrorCode", "PublishNamespaceErrorCode",
     "SubscribeNamespaceErrorCode", "StreamResetCode", "DataStreamType", "DatagramType", "GroupOrder", "FilterType",
     "FetchType", "ObjectStatus", "AliasType"})
-#: Where draft-14 numbers may be named: the profile itself, the draft-14 data-stream framing (its
-#: bit layout is the codec; draft-16's is a sibling), the compatibility face, and tests of those.
-ALLOWED = frozenset({"moqt/profiles/draft14.py", "moqt/profile.py", "moqt/data.py", "tests/test_moqt_data.py",
-                     "tests/test_moqt_profile.py"})
-#: Callers not yet on the draft-neutral names (the api adapter and its users hand wire integers
-#: around); this list may only shrink.
-DEBT = frozenset({
-    "control/instance/layerwise.py", "kvsp/client/moqt.py", "relay/fanout.py", "relay/server.py",
-    "moqt/api/endpoint.py", "moqt/api/live.py", "moqt/api/publisher.py", "moqt/api/subscriber.py",
-    "moqt/api/upstream.py", "moqt/tracks/completion.py", "moqt/tracks/errors.py", "moqt/tracks/ranges.py",
-    "tests/test_interop_relay.py", "tests/test_moqt_api_ordering.py", "tests/test_moqt_perf_fetch.py",
-    "tests/test_moqt_pubsub.py", "tests/test_relay.py", "tests/test_relay_processes.py"})
+#: Where draft-14 numbers may be named: the profile itself and the tests that check its tables
+#: against the draft's (the data-stream vectors of test_moqt_data are written in draft-14 types).
+ALLOWED = frozenset({"moqt/profiles/draft14.py", "tests/test_moqt_data.py", "tests/test_moqt_profile.py"})
 #: The sans-I/O core: it reads every number from the profile it was given.
 CORE = ("moqt/session/", "moqt/messages/", "moqt/params.py", "moqt/wire.py", "moqt/events.py", "moqt/kinds.py",
         "moqt/errors.py", "moqt/testing.py")
@@ -103,6 +94,25 @@ def test_every_message_is_framed_with_the_profiles_type() -> None:
     assert Reader(sample.encode(DRAFT_14)).pull_varint() == DRAFT_14.message_types.code(kinds.MessageKind.FETCH)
 
 
+def test_the_data_framing_table_is_the_drafts_and_one_to_one() -> None:
+    framing = DRAFT_14.data_framing
+    assert framing.fetch_header == d14.DataStreamType.FETCH_HEADER == 0x05
+    assert set(framing.subgroup_types) | {framing.fetch_header} == set(d14.DataStreamType)
+    assert set(framing.datagram_types) == set(d14.DatagramType)
+    assert len(framing.subgroup_codes) == len(framing.subgroup_types)  # no two types mean the same form
+    assert len(framing.datagram_codes) == len(framing.datagram_types)
+    assert framing.subgroup_types[0x1B] == SubgroupForm(kinds.SubgroupIdMode.FIRST_OBJECT, True, True)
+    assert framing.subgroup_types[0x14] == SubgroupForm(kinds.SubgroupIdMode.PRESENT, False, False)
+    assert framing.datagram_types[0x06] == DatagramForm(False, True, False, False)
+    assert framing.datagram_types[0x21] == DatagramForm(True, False, True, True)
+
+
+def _imports_the_draft_14_module(node: ast.AST) -> bool:
+    if isinstance(node, ast.ImportFrom) and node.module == "moqt.profiles":
+        return any(alias.name == "draft14" for alias in node.names)
+    return isinstance(node, ast.Import) and any(alias.name == "moqt.profiles.draft14" for alias in node.names)
+
+
 def _draft_14_importers() -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for package in PACKAGES:
@@ -116,7 +126,7 @@ def _draft_14_importers() -> dict[str, set[str]]:
                         names -= {"GroupOrder", "FilterType", "FetchType", "ObjectStatus", "AliasType"}
                     if names:
                         found.setdefault(rel, set()).update(names)
-                elif isinstance(node, ast.Import) and any(a.name == "moqt.profiles.draft14" for a in node.names):
+                elif _imports_the_draft_14_module(node):
                     found.setdefault(rel, set()).add("moqt.profiles.draft14")
     return found
 
@@ -124,10 +134,11 @@ def _draft_14_importers() -> dict[str, set[str]]:
 def test_no_module_outside_the_draft_14_profile_names_its_enums() -> None:
     importers = _draft_14_importers()
     assert not [path for path in importers if path.startswith(CORE)], "the sans-I/O core must read the profile"
-    unexpected = set(importers) - ALLOWED - DEBT
-    assert not unexpected, f"new users of draft-14 enums: {sorted(unexpected)}; use moqt.kinds and the profile"
+    unexpected = set(importers) - ALLOWED
+    assert not unexpected, f"users of draft-14 enums: {sorted(unexpected)}; use moqt.kinds and the profile"
 
 
-def test_the_debt_list_only_shrinks() -> None:
-    stale = DEBT - set(_draft_14_importers())
-    assert not stale, f"no longer importing draft-14 enums, remove from DEBT: {sorted(stale)}"
+def test_the_compatibility_face_is_gone() -> None:
+    assert not (ROOT / "moqt" / "profile.py").exists()
+    with pytest.raises(ModuleNotFoundError):
+        __import__("moqt.profile")

@@ -36,8 +36,8 @@ from moqt.api import (
 from moqt.api.memory import MemoryNet
 from moqt.auth import issue_token
 from moqt.events import MoqtEvent, ObjectChunkReceived, ObjectSource
+from moqt.kinds import ObjectStatus, PublishDoneStatus, RequestError, SessionError, StreamReset
 from moqt.messages import PublishNamespace
-from moqt.profile import FetchErrorCode, ObjectStatus, PublishDoneCode, SessionErrorCode
 from moqt.quic import ConnectionClosedError, EndpointConfig, MoqtConnection, QuicSettings, serve
 from moqt.session import MoqtSession
 from moqt.tracks import GroupLog, ObjectAssembler, RequestKind, RequestTracker, check_fetch, fetch_ok_end
@@ -70,9 +70,9 @@ async def collect(stream: AsyncIterator[MoqtObject]) -> list[MoqtObject]:
 @pytest.mark.parametrize(("start", "end", "largest", "code"), [
     (Location(0, 0), Location(0, 4), Location(0, 9), None),
     (Location(0, 0), Location(0, 0), Location(0, 9), None),  # object 0: the whole group
-    (Location(0, 10), Location(0, 12), Location(0, 9), FetchErrorCode.INVALID_RANGE),  # start after largest
-    (Location(0, 5), Location(0, 5), Location(0, 9), FetchErrorCode.INVALID_RANGE),  # empty range
-    (Location(0, 0), Location(0, 4), None, FetchErrorCode.NO_OBJECTS),
+    (Location(0, 10), Location(0, 12), Location(0, 9), RequestError.INVALID_RANGE),  # start after largest
+    (Location(0, 5), Location(0, 5), Location(0, 9), RequestError.INVALID_RANGE),  # empty range
+    (Location(0, 0), Location(0, 4), None, RequestError.NO_OBJECTS),
 ])
 def test_fetch_range_checks(start: Location, end: Location, largest: Location | None, code: int | None) -> None:
     assert check_fetch(start, end, largest) == code
@@ -138,7 +138,7 @@ def test_request_tracker_completion_rules() -> None:
     fetch.on_stream_ended(0, False)
     assert fetch.finished
     sub = RequestTracker(RequestKind.SUBSCRIBE)
-    sub.on_publish_done(PublishDoneCode.TRACK_ENDED, 2, "")  # overtook the data
+    sub.on_publish_done(PublishDoneStatus.TRACK_ENDED, 2, "")  # overtook the data
     assert not sub.over
     sub.on_stream_ended(0, True)
     sub.on_stream_ended(1, True)
@@ -147,13 +147,13 @@ def test_request_tracker_completion_rules() -> None:
     ranged.on_stream_ended(0, True)
     assert ranged.finished
     failed = RequestTracker(RequestKind.SUBSCRIBE)
-    failed.on_publish_done(PublishDoneCode.INTERNAL_ERROR, 0, "boom")
-    assert isinstance(failed.error, SubscriptionEnded) and failed.error.code == PublishDoneCode.INTERNAL_ERROR
+    failed.on_publish_done(PublishDoneStatus.INTERNAL_ERROR, 0, "boom")
+    assert isinstance(failed.error, SubscriptionEnded) and failed.error.status is PublishDoneStatus.INTERNAL_ERROR
     refused = RequestTracker(RequestKind.FETCH)
-    refused.on_refused(FetchErrorCode.UNAUTHORIZED, "no")
+    refused.on_refused(RequestError.UNAUTHORIZED, "no")
     assert isinstance(refused.error, FetchRefused) and refused.error.unauthorized
     reset = RequestTracker(RequestKind.FETCH)
-    reset.on_stream_reset(0x1)
+    reset.on_stream_reset(StreamReset.CANCELLED)
     assert isinstance(reset.error, StreamResetError) and isinstance(reset.error, ConnectionError)
 
 
@@ -174,14 +174,14 @@ async def test_fetch_a_range_byte_exact() -> None:
 
 async def test_fetch_refusals_carry_their_code() -> None:
     _, sub = await memory_pair(Publisher(stored(), authorize=only_ns))
-    cases = [((NS, b"nope", Location(0, 0), Location(0, 2)), FetchErrorCode.TRACK_DOES_NOT_EXIST),
-             ((NS, b"t", Location(0, 9), Location(0, 12)), FetchErrorCode.INVALID_RANGE),
-             ((OTHER, b"t", Location(0, 0), Location(0, 2)), FetchErrorCode.UNAUTHORIZED)]
+    cases = [((NS, b"nope", Location(0, 0), Location(0, 2)), RequestError.TRACK_DOES_NOT_EXIST),
+             ((NS, b"t", Location(0, 9), Location(0, 12)), RequestError.INVALID_RANGE),
+             ((OTHER, b"t", Location(0, 0), Location(0, 2)), RequestError.UNAUTHORIZED)]
     for args, code in cases:
         with pytest.raises(FetchRefused) as info:
             async with asyncio.timeout(T), sub.fetch(*args) as objects:
                 await collect(objects)
-        assert info.value.code == code
+        assert info.value.error is code
     assert sub.usable  # a refusal is a request error, never a session error
 
 
@@ -230,7 +230,7 @@ async def test_subscribe_refusals_and_track_errors() -> None:
         async with asyncio.timeout(T), sub.subscribe(NS, b"live") as objects:
             track.publish(0, 0, payload(0))
             await anext(objects)
-            track.close(error_code=PublishDoneCode.INTERNAL_ERROR)
+            track.close(PublishDoneStatus.INTERNAL_ERROR)
             await collect(objects)
 
 
@@ -311,7 +311,7 @@ async def test_setup_refused_without_valid_credentials(trusted: bool | None) -> 
     pair.serve(publisher)
     with pytest.raises(SetupRefused) as info:
         await asyncio.wait_for(pair.subscriber(), T)
-    assert info.value.code == SessionErrorCode.UNAUTHORIZED
+    assert info.value.error is SessionError.UNAUTHORIZED
     assert publisher.endpoints == []  # the refused session is forgotten
 
 
@@ -323,7 +323,7 @@ async def test_publisher_closing_fails_open_requests() -> None:
         track.publish(0, 0, payload(0))
         await anext(objects)
         for endpoint in publisher.endpoints:
-            endpoint.close(SessionErrorCode.INTERNAL_ERROR, "gone")
+            endpoint.close(SessionError.INTERNAL_ERROR, "gone")
         with pytest.raises(SessionLostError):
             await collect(objects)
     assert not sub.usable
@@ -377,7 +377,7 @@ async def test_loopback_unauthenticated_peer_is_refused(pki: Path) -> None:
         with pytest.raises((SetupRefused, ConnectionClosedError)) as info:
             async with asyncio.timeout(T):
                 await Subscriber.connect(f"moqt://127.0.0.1:{port}/", config(pki, None))
-        assert info.value.code == SessionErrorCode.UNAUTHORIZED
+        assert info.value.error is SessionError.UNAUTHORIZED
     finally:
         await publisher.close()
 

@@ -25,12 +25,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from kvsp.pki import RoleSpec, make_dev_pki
 from moqt.auth import AuthError, issue_token
 from moqt.events import SessionEstablished, SetupRequested
+from moqt.kinds import SessionError
 from moqt.params import AuthToken, SetupParameters
+from moqt.profiles import DRAFT_14
 from moqt.quic import (
-    INTERNAL_ERROR,
     LOOPBACK_DATAGRAM_SIZE,
     MAX_DATAGRAM_SIZE,
-    UNAUTHORIZED,
     ConnectionClosedError,
     EndpointConfig,
     MoqtConnection,
@@ -47,6 +47,9 @@ from moqt.tls import PeerCertificateError
 SERVER_URI = "moqt://127.0.0.1:4433/relay"
 CLIENT_URI = "https://client.test/kvsp/"
 T = 20.0  # upper bound for any single await in these tests
+
+UNAUTHORIZED = DRAFT_14.session_errors.code(SessionError.UNAUTHORIZED)  # as seen on the wire
+INTERNAL_ERROR = DRAFT_14.session_errors.code(SessionError.INTERNAL_ERROR)
 
 
 @dataclass
@@ -114,7 +117,7 @@ class TokenOnFirstStream(Recorder):
             try:
                 self.conn.authenticate_with_token(token)
             except AuthError as exc:
-                self.conn.close(exc.session_code, str(exc))
+                self.conn.close(exc.error, str(exc))
         return out
 
 
@@ -284,7 +287,7 @@ async def test_bad_token_leaves_client_unauthenticated(pki: Pki) -> None:
     try:
         conn = await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config(None), recorder)
         await conn.write(conn.quic.get_next_available_stream_id(), token, end_stream=True)
-        assert await _closed_code(conn) == UNAUTHORIZED  # BadSignatureError.session_code
+        assert await _closed_code(conn) == UNAUTHORIZED  # BadSignatureError.error
         assert s.sessions[0].conn.peer_identity is None
     finally:
         s.server.close()
@@ -489,7 +492,7 @@ async def test_moqt_session_setup_with_authorization_token(pki: Pki, trusted: bo
             try:
                 conn.authenticate_with_token(event.authorization[0].value)
             except AuthError as exc:
-                session.reject_setup(exc.session_code, str(exc))  # type: ignore[union-attr]
+                session.reject_setup(exc.error, str(exc))  # type: ignore[union-attr]
                 return
             session.accept_setup()  # type: ignore[union-attr]
 

@@ -28,8 +28,8 @@ from moqt.api import (
     allow_authenticated,
 )
 from moqt.events import ControlMessageReceived, MoqtEvent
+from moqt.kinds import PublishDoneStatus, RequestError
 from moqt.messages import PublishNamespace
-from moqt.profile import FetchErrorCode, PublishDoneCode
 from moqt.wire import Location
 from tests.support.relay import (
     NAMES,
@@ -234,12 +234,12 @@ async def test_publisher_lost_mid_track_ends_subscribers(pki: DevPki) -> None:
                         await publisher.close()  # the publisher goes away mid-track
             assert got == [0]
             if isinstance(caught.value, SubscriptionEnded):
-                assert caught.value.code == PublishDoneCode.INTERNAL_ERROR
+                assert caught.value.status is PublishDoneStatus.INTERNAL_ERROR
         await wait_for(lambda: node.relay.table.route(namespace) == [])
         async with subscriber(pki, node.uri) as sub:  # the namespace went with its publisher
             with pytest.raises(FetchRefused) as refused:
                 await fetch_all(sub, namespace, 1)
-            assert refused.value.code == FetchErrorCode.TRACK_DOES_NOT_EXIST
+            assert refused.value.error is RequestError.TRACK_DOES_NOT_EXIST
     finally:
         await node.close()
 

@@ -27,7 +27,8 @@ from control.deploy.environment import child_env
 from control.deploy.pki import DevPki
 from control.deploy.ports import free_udp_port, port_of
 from moqt.api import Publisher, SubscriptionEnded, TransferError, UpstreamLink, allow_authenticated
-from moqt.profile import PublishDoneCode
+from moqt.kinds import PublishDoneStatus
+from moqt.profiles import DRAFT_14
 from tests.support.relay import (
     NAMES,
     REPO,
@@ -231,7 +232,8 @@ async def test_slow_subscriber_is_ended_others_complete(chain: Chain) -> None:
             slow.send_signal(signal.SIGCONT)
             out, _ = await asyncio.wait_for(asyncio.to_thread(slow.communicate), 60)
             result = json.loads(out.decode().strip().splitlines()[-1])
-            assert result["publish_done"] == [PublishDoneCode.TOO_FAR_BEHIND] and result["received"] < 97
+            too_far_behind = DRAFT_14.publish_done.code(PublishDoneStatus.TOO_FAR_BEHIND)
+            assert result["publish_done"] == [too_far_behind] and result["received"] < 97
             assert result["error"] is not None  # the stream reset before PUBLISH_DONE, or PUBLISH_DONE itself
         finally:
             slow.send_signal(signal.SIGCONT)
@@ -262,7 +264,7 @@ async def test_publisher_killed_mid_track(chain: Chain) -> None:
                             proc.kill()  # SIGKILL: no goodbye; relay A notices by its idle timeout
             assert got == [0]
             if isinstance(caught.value, SubscriptionEnded):
-                assert caught.value.code == PublishDoneCode.INTERNAL_ERROR
+                assert caught.value.status is PublishDoneStatus.INTERNAL_ERROR
             await wait_namespaces(chain, "spine", 0)  # withdrawn upstream with the publisher
         finally:
             proc.kill()

@@ -29,7 +29,7 @@ from kvsp.errors import KvspError
 from kvsp.identifiers import TrackNamespace
 from kvsp.moqt_binding import LiveBlockPublisher
 from moqt.api import Publisher
-from moqt.profile import PublishDoneCode
+from moqt.kinds import PublishDoneStatus
 
 WAIT_MARGIN_S: Final = 5.0  # beyond the load deadline, wait_layer gives up on its own (never a stuck thread)
 
@@ -128,4 +128,4 @@ class LiveBlocks:
         """Event loop: the prefill failed; subscribers of unfinished blocks get PUBLISH_DONE with an error."""
         if self.published < self.layers:
             for producer in self.producers:
-                producer.abort(PublishDoneCode.INTERNAL_ERROR)
+                producer.abort(PublishDoneStatus.INTERNAL_ERROR)

@@ -21,6 +21,7 @@ Why it looks like this:
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -47,19 +48,21 @@ from moqt.api import (
     TransferError,
 )
 from moqt.errors import MoqtError
-from moqt.profile import FetchErrorCode
+from moqt.kinds import RequestError
 from moqt.quic import EndpointConfig, QuicSettings
 from moqt.wire import Location
 
 
 class MoqtRefusedError(KvspError):
-    """The MOQT peer refused the session or the request; ``code`` is the MOQT error code."""
+    """The MOQT peer refused the session or the request; ``error`` names the MOQT error (the code
+    itself where the draft's profile names none)."""
 
-    def __init__(self, uri: str, code: int, reason: str, *, not_found: bool = False,
+    def __init__(self, uri: str, error: enum.Enum | int, reason: str, *, not_found: bool = False,
                  layers_unavailable: bool = False) -> None:
-        super().__init__(f"{uri}: refused (code 0x{code:x}): {reason}")
+        why = error.name if isinstance(error, enum.Enum) else f"code 0x{error:x}"
+        super().__init__(f"{uri}: refused ({why}): {reason}")
         self.uri = uri
-        self.code = code
+        self.error = error
         self.not_found = not_found
         self.layers_unavailable = layers_unavailable
 
@@ -88,12 +91,11 @@ def _mapped(uri: str) -> Iterator[None]:
     try:
         yield
     except RequestRefused as exc:
-        layers = isinstance(exc, FetchRefused) and exc.code in (FetchErrorCode.INVALID_RANGE,
-                                                                 FetchErrorCode.NO_OBJECTS)
-        raise MoqtRefusedError(uri, exc.code, exc.reason, not_found=getattr(exc, "not_found", False),
+        layers = isinstance(exc, FetchRefused) and exc.error in (RequestError.INVALID_RANGE, RequestError.NO_OBJECTS)
+        raise MoqtRefusedError(uri, exc.error, exc.reason, not_found=getattr(exc, "not_found", False),
                                layers_unavailable=layers) from exc
     except SetupRefused as exc:
-        raise MoqtRefusedError(uri, exc.code, exc.reason) from exc
+        raise MoqtRefusedError(uri, exc.error, exc.reason) from exc
     except MalformedTrackError as exc:
         raise ContainerError(f"{uri}: {exc}") from exc
     except (TransferError, ConnectionError, TimeoutError) as exc:

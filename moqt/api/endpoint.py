@@ -5,7 +5,9 @@ may be asked to serve (a relay subscribes back), a publisher's outgoing relay co
 FETCH and SUBSCRIBE. `Endpoint` routes every event of one session: answers and objects of *our*
 requests go to an `Inbox` per request; the peer's requests go to the `Serving` side (the
 `Publisher`), which answers them in tasks owned here. Peer errors are mapped to the API's exceptions
-in this one place. The link below is a small interface (`Link`) that ``moqt.quic.MoqtConnection``
+in this one place, where each wire code gets its draft-neutral name from the session's profile (a
+code the profile does not name stays the integer), so nothing above the session knows a draft's
+numbers. The link below is a small interface (`Link`) that ``moqt.quic.MoqtConnection``
 implements, and so does the in-memory link of ``moqt.api.memory`` for tests without sockets.
 """
 
@@ -32,6 +34,7 @@ from moqt.events import (
     SessionTerminated,
     SetupRequested,
 )
+from moqt.kinds import MessageKind, RequestError, SessionError
 from moqt.messages import (
     ControlMessage,
     Fetch,
@@ -49,14 +52,6 @@ from moqt.messages import (
     SubscribeOk,
     TrackStatus,
     Unsubscribe,
-)
-from moqt.profile import (
-    FetchErrorCode,
-    PublishErrorCode,
-    PublishNamespaceErrorCode,
-    SessionErrorCode,
-    SubscribeErrorCode,
-    SubscribeNamespaceErrorCode,
 )
 from moqt.session import MoqtSession
 from moqt.tls import AuthMethod
@@ -136,7 +131,7 @@ class Inbox:
         self.queue.append(obj)
         self.buffered += obj.payload.nbytes
         if self.buffered > self.max_octets:
-            self.tracker.fail(ReceiveBufferFull(0, f"more than {self.max_octets} octets not consumed"))
+            self.tracker.fail(ReceiveBufferFull(None, f"more than {self.max_octets} octets not consumed"))
             return False
         self.wake()
         return True
@@ -254,23 +249,23 @@ class Endpoint:
                 inbox = self._inboxes.get(request_id) if request_id is not None else None
                 if inbox is not None:
                     inbox.assembler.drop_stream(stream_id)
-                    inbox.tracker.on_stream_reset(code)
+                    inbox.tracker.on_stream_reset(self.session.profile.stream_resets.name(code) or code)
                     inbox.wake()
             case MalformedTrack(request_id=request_id, reason=reason):
-                self._fail(request_id, MalformedTrackError(SessionErrorCode.PROTOCOL_VIOLATION, reason))
+                self._fail(request_id, MalformedTrackError(SessionError.PROTOCOL_VIOLATION, reason))
             case SetupRequested():
                 self._on_setup(event)
             case SessionEstablished():
                 if not self.established.done():
                     self.established.set_result(None)
-            case SessionTerminated(error_code=code, reason_phrase=reason):
-                self.terminated(code, reason)
+            case SessionTerminated(error_code=code, reason_phrase=reason, error=error):
+                self.terminated(error or code, reason)
 
     def _on_setup(self, event: SetupRequested) -> None:
         if self.serving is not None:
             self.serving.on_setup(self, event)
         else:
-            self.session.reject_setup(SessionErrorCode.PROTOCOL_VIOLATION, "not a MOQT server")
+            self.session.reject_setup(SessionError.PROTOCOL_VIOLATION, "not a MOQT server")
 
     def _on_chunk(self, event: ObjectChunkReceived) -> None:
         inbox = self._inboxes.get(event.request_id)
@@ -312,17 +307,22 @@ class Endpoint:
                 if inbox is not None:
                     inbox.tracker.on_ok(message)
                     inbox.wake()
-            case FetchError() | SubscribeError():
-                self._on_refused(message.request_id, message.error_code, message.reason)
+            case FetchError():
+                self._on_refused(message.request_id, self._request_error(MessageKind.FETCH_ERROR, message.error_code),
+                                 message.reason)
+            case SubscribeError():
+                self._on_refused(message.request_id,
+                                 self._request_error(MessageKind.SUBSCRIBE_ERROR, message.error_code), message.reason)
             case PublishDone(request_id=request_id, status_code=code, stream_count=count, reason=reason):
                 inbox = self._inboxes.get(request_id)
                 if inbox is not None:
-                    inbox.tracker.on_publish_done(code, count, reason)
+                    inbox.tracker.on_publish_done(self.session.profile.publish_done.name(code) or code, count, reason)
                     inbox.wake()
             case PublishNamespaceOk(request_id=request_id):
                 self._namespace_answer(request_id, None)
             case PublishNamespaceError(request_id=request_id, error_code=code, reason=reason):
-                self._namespace_answer(request_id, NamespaceRefused(code, reason))
+                error = self._request_error(MessageKind.PUBLISH_NAMESPACE_ERROR, code)
+                self._namespace_answer(request_id, NamespaceRefused(error, reason))
             case _:
                 handler = getattr(self.serving, "on_control", None)  # a relay serves the rest (ControlServing)
                 if handler is None or not handler(self, message):
@@ -332,16 +332,19 @@ class Endpoint:
         if self.serving is not None:
             self.serving.on_request(self, message)
         elif isinstance(message, Fetch):
-            self.session.fetch_error(message.request_id, FetchErrorCode.NOT_SUPPORTED,
+            self.session.fetch_error(message.request_id, RequestError.NOT_SUPPORTED,
                                      "this endpoint publishes nothing")
         else:
-            self.session.subscribe_error(message.request_id, SubscribeErrorCode.NOT_SUPPORTED,
+            self.session.subscribe_error(message.request_id, RequestError.NOT_SUPPORTED,
                                          "this endpoint publishes nothing")
 
-    def _on_refused(self, request_id: int, code: int, reason: str) -> None:
+    def _request_error(self, message: MessageKind, code: int) -> RequestError | int:
+        return self.session.profile.request_errors[message].name(code) or code
+
+    def _on_refused(self, request_id: int, error: RequestError | int, reason: str) -> None:
         inbox = self._inboxes.get(request_id)
         if inbox is not None:
-            inbox.tracker.on_refused(code, reason)
+            inbox.tracker.on_refused(error, reason)
             inbox.wake()
 
     def _namespace_answer(self, request_id: int, error: NamespaceRefused | None) -> None:
@@ -358,23 +361,23 @@ class Endpoint:
         session = self.session
         match message:
             case PublishNamespace(request_id=request_id):
-                session.publish_namespace_error(request_id, PublishNamespaceErrorCode.NOT_SUPPORTED, "not a relay")
+                session.publish_namespace_error(request_id, RequestError.NOT_SUPPORTED, "not a relay")
             case SubscribeNamespace(request_id=request_id):
-                session.subscribe_namespace_error(request_id, SubscribeNamespaceErrorCode.NOT_SUPPORTED,
+                session.subscribe_namespace_error(request_id, RequestError.NOT_SUPPORTED,
                                                   "not a relay")
             case TrackStatus(request_id=request_id):
-                session.track_status_error(request_id, SubscribeErrorCode.NOT_SUPPORTED, "not supported")
+                session.track_status_error(request_id, RequestError.NOT_SUPPORTED, "not supported")
             case Publish(request_id=request_id):
-                session.publish_error(request_id, PublishErrorCode.NOT_SUPPORTED, "not a relay")
+                session.publish_error(request_id, RequestError.NOT_SUPPORTED, "not a relay")
 
     # -- the end -----------------------------------------------------------------------------------
-    def terminated(self, code: int, reason: str) -> None:
+    def terminated(self, why: SessionError | int, reason: str) -> None:
         """The session is over: every open request fails, every serving job stops."""
         if self.closed_error is not None:
             return
-        error = self.closed_error = SessionLostError(code, f"MOQT session ended: {reason or 'closed'}")
+        error = self.closed_error = SessionLostError(why, f"MOQT session ended: {reason or 'closed'}")
         if not self.established.done():
-            self.established.set_exception(SetupRefused(code, reason))
+            self.established.set_exception(SetupRefused(why, reason))
             self.established.exception()  # retrieved: nobody may be waiting
         for inbox in self._inboxes.values():
             inbox.tracker.fail(error)
@@ -388,15 +391,16 @@ class Endpoint:
         if self.serving is not None:
             self.serving.on_closed(self)
 
-    def close(self, code: int = SessionErrorCode.NO_ERROR, reason: str = "") -> None:
+    def close(self, why: SessionError | int = SessionError.NO_ERROR, reason: str = "") -> None:
         """Close the session and its connection."""
         with contextlib.suppress(MoqtError):
-            self.session.close(code, reason)
-        self.link.close(code, reason)
-        self.terminated(code, reason or "closed locally")
+            self.session.close(why, reason)
+        self.link.close(self.session.profile.session_errors.code(why), reason)
+        self.terminated(why, reason or "closed locally")
 
-    async def aclose(self, code: int = SessionErrorCode.NO_ERROR, reason: str = "", *, timeout_s: float = 5.0) -> None:
+    async def aclose(self, why: SessionError | int = SessionError.NO_ERROR, reason: str = "", *,
+                     timeout_s: float = 5.0) -> None:
         """`close`, then wait (bounded) until the connection has ended and released its socket."""
-        self.close(code, reason)
+        self.close(why, reason)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.link.wait_closed(), timeout_s)

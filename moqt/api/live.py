@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from moqt.api.endpoint import Endpoint
 from moqt.data import Extensions
 from moqt.errors import LocalError
-from moqt.profile import PublishDoneCode, StreamResetCode
+from moqt.kinds import PublishDoneStatus, StreamReset
 from moqt.tracks import GroupLog, LiveGroup, MoqtObject, view
 from moqt.wire import Bytes, Location, Namespace
 
@@ -36,7 +36,7 @@ class LiveTrack:
         self.extensions_present = extensions_present
         self.publisher_priority = publisher_priority
         self.log = GroupLog(retain_groups)
-        self.error_code: int | None = None
+        self.failure: PublishDoneStatus | int | None = None
         self.subscribers = 0
         self._on_close = on_close
         self._changed = asyncio.Event()
@@ -69,12 +69,12 @@ class LiveTrack:
         self.log.end_group()
         self._notify()
 
-    def close(self, error_code: int | None = None) -> None:
-        """End the track. Without ``error_code``: subscribers get what was published, then PUBLISH_DONE
-        TRACK_ENDED; with one (a ``PublishDoneCode``): open streams are reset and PUBLISH_DONE carries it."""
+    def close(self, status: PublishDoneStatus | int | None = None) -> None:
+        """End the track. Without ``status``: subscribers get what was published, then PUBLISH_DONE
+        TRACK_ENDED; with one (e.g. INTERNAL_ERROR): open streams are reset and PUBLISH_DONE carries it."""
         if self.log.closed:
             return
-        self.error_code = error_code
+        self.failure = status
         self.log.close()
         self._notify()
         if self._on_close is not None:
@@ -122,13 +122,13 @@ class _Sender:
                 break
             self.cursor = Location(group.group + 1, 0)
             if self.end_group is not None and group.group >= self.end_group:
-                session.publish_done(self.request_id, PublishDoneCode.SUBSCRIPTION_ENDED)
+                session.publish_done(self.request_id, PublishDoneStatus.SUBSCRIPTION_ENDED)
                 self.endpoint.link.transmit_soon()
                 return
-        if track.error_code is not None and self.stream is not None:
-            session.reset_stream(self.stream, StreamResetCode.INTERNAL_ERROR)
-        session.publish_done(self.request_id, track.error_code if track.error_code is not None
-                             else PublishDoneCode.TRACK_ENDED)
+        if track.failure is not None and self.stream is not None:
+            session.reset_stream(self.stream, StreamReset.INTERNAL_ERROR)
+        session.publish_done(self.request_id, track.failure if track.failure is not None
+                             else PublishDoneStatus.TRACK_ENDED)
         self.endpoint.link.transmit_soon()
 
     async def _send_group(self, group: LiveGroup, index: int) -> bool:
@@ -145,7 +145,7 @@ class _Sender:
                 await link.drain(self.stream)
                 session.send_object(self.stream, obj.object_id, obj.payload, extensions=obj.extensions)
                 link.transmit_soon()
-            if track.error_code is not None:
+            if track.failure is not None:
                 return False
             if group.ended:
                 break

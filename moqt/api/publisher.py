@@ -28,9 +28,9 @@ from moqt.api.live import LiveTrack, send_subscription
 from moqt.auth import AuthError
 from moqt.errors import LocalError
 from moqt.events import MoqtEvent, SetupRequested
+from moqt.kinds import GroupOrder, RequestError, SessionError, StreamReset
 from moqt.messages import Fetch, Subscribe
 from moqt.params import AuthToken, SetupParameters
-from moqt.profile import FetchErrorCode, GroupOrder, SessionErrorCode, StreamResetCode, SubscribeErrorCode
 from moqt.quic import EndpointConfig, MoqtConnection, MoqtServer, MoqtUri, connect, serve
 from moqt.session import MoqtSession
 from moqt.tracks import (
@@ -144,7 +144,7 @@ class Publisher:
         try:
             await asyncio.wait_for(asyncio.shield(endpoint.established), self.settings.setup_timeout_s)
         except BaseException:
-            await endpoint.aclose(SessionErrorCode.INTERNAL_ERROR, "setup failed", timeout_s=1.0)
+            await endpoint.aclose(SessionError.INTERNAL_ERROR, "setup failed", timeout_s=1.0)
             raise
         self._relays.append(endpoint)
         await asyncio.gather(*(self._announce(endpoint, ns) for ns in self._namespaces))
@@ -154,7 +154,7 @@ class Publisher:
         """Close every session and stop listening."""
         for track in list(self._live.values()):
             track.close()
-        await asyncio.gather(*(endpoint.aclose(SessionErrorCode.NO_ERROR, "publisher closing")
+        await asyncio.gather(*(endpoint.aclose(SessionError.NO_ERROR, "publisher closing")
                                for endpoint in list(self._endpoints.values())))
         if self.server is not None:
             self.server.close()
@@ -172,7 +172,7 @@ class Publisher:
                 failure = exc
                 break  # one bad token fails the setup, even beside a certificate (fail closed)
         if failure is not None or link.authenticated_by is None:
-            code = failure.session_code if failure is not None else SessionErrorCode.UNAUTHORIZED
+            code = failure.error if failure is not None else SessionError.UNAUTHORIZED
             reason = str(failure) if failure is not None else "no client certificate and no authorization token"
             log.info("MOQT setup refused: %s", reason)
             session.reject_setup(code, reason)
@@ -242,12 +242,12 @@ class Publisher:
         session, request_id = endpoint.session, message.request_id
         namespace, name = message.track_namespace, message.track_name
         if not self.allowed(endpoint, namespace, Action.SUBSCRIBE):
-            session.subscribe_error(request_id, SubscribeErrorCode.UNAUTHORIZED, "not authorized for this namespace")
+            session.subscribe_error(request_id, RequestError.UNAUTHORIZED, "not authorized for this namespace")
             return
         track = self._live.get((namespace, name))
         if track is None:
             stored = self.source is not None
-            session.subscribe_error(request_id, SubscribeErrorCode.TRACK_DOES_NOT_EXIST,
+            session.subscribe_error(request_id, RequestError.TRACK_DOES_NOT_EXIST,
                                     "no live track of that name" + ("; stored tracks are read by FETCH" if stored
                                                                     else ""))
             return
@@ -273,10 +273,10 @@ class Publisher:
         """FETCH_OK and the objects to send, or None after a FETCH_ERROR."""
         session, request_id, request = endpoint.session, message.request_id, message.standalone
         if request is None:
-            session.fetch_error(request_id, FetchErrorCode.NOT_SUPPORTED, "joining FETCH is not served")
+            session.fetch_error(request_id, RequestError.NOT_SUPPORTED, "joining FETCH is not served")
             return None
         if not self.allowed(endpoint, request.track_namespace, Action.FETCH):
-            session.fetch_error(request_id, FetchErrorCode.UNAUTHORIZED, "not authorized for this namespace")
+            session.fetch_error(request_id, RequestError.UNAUTHORIZED, "not authorized for this namespace")
             return None
         try:
             track = await self._lookup(request.track_namespace, request.track_name)
@@ -284,15 +284,15 @@ class Publisher:
             raise
         except Exception:  # the pluggable source failed: answer, never leave the FETCH hanging
             log.exception("track lookup failed")
-            session.fetch_error(request_id, FetchErrorCode.INTERNAL_ERROR, "the track could not be read")
+            session.fetch_error(request_id, RequestError.INTERNAL_ERROR, "the track could not be read")
             return None
         if track is None:
-            session.fetch_error(request_id, FetchErrorCode.TRACK_DOES_NOT_EXIST, "no such track")
+            session.fetch_error(request_id, RequestError.TRACK_DOES_NOT_EXIST, "no such track")
             return None
         largest = track.largest
         code = check_fetch(request.start, request.end, largest)
         if code is not None or largest is None:
-            session.fetch_error(request_id, code or FetchErrorCode.NO_OBJECTS, "nothing in that range")
+            session.fetch_error(request_id, code or RequestError.NO_OBJECTS, "nothing in that range")
             return None
         stop = fetch_stop(request.end)
         session.fetch_ok(request_id, fetch_ok_end(request.end, largest), group_order=GroupOrder.ASCENDING,
@@ -327,6 +327,6 @@ class Publisher:
             raise
         except Exception:  # the source failed mid-way: the stream cannot be completed
             log.exception("FETCH stream %d aborted", stream)
-            session.reset_stream(stream, StreamResetCode.INTERNAL_ERROR)
+            session.reset_stream(stream, StreamReset.INTERNAL_ERROR)
             return
         session.finish_stream(stream)

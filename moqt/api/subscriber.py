@@ -29,9 +29,9 @@ from aioquic.quic.connection import QuicConnection
 from moqt.api.endpoint import DEFAULT_INBOX_OCTETS, Endpoint, Inbox, Link
 from moqt.api.publisher import TOKEN_TYPE
 from moqt.events import MoqtEvent
+from moqt.kinds import FilterType, GroupOrder, SessionError
 from moqt.messages import ControlMessage
 from moqt.params import AuthToken, SetupParameters
-from moqt.profile import FilterType, GroupOrder, SessionErrorCode
 from moqt.quic import EndpointConfig, MoqtConnection, MoqtUri, connect
 from moqt.session import MoqtSession
 from moqt.tracks import Allocator, MoqtObject, ObjectAssembler, RequestKind, RequestTracker
@@ -138,7 +138,7 @@ class Subscriber:
         try:
             await asyncio.wait_for(asyncio.shield(endpoints[0].established), setup_timeout_s)
         except BaseException:
-            await endpoints[0].aclose(SessionErrorCode.INTERNAL_ERROR, "setup failed", timeout_s=1.0)
+            await endpoints[0].aclose(SessionError.INTERNAL_ERROR, "setup failed", timeout_s=1.0)
             raise
         return cls(endpoints[0], timeout_s=timeout_s)
 
@@ -202,7 +202,7 @@ class Subscriber:
 
     async def close(self) -> None:
         """Close the session and wait (bounded) until its connection has ended."""
-        await self.endpoint.aclose(SessionErrorCode.NO_ERROR, "subscriber closing")
+        await self.endpoint.aclose(SessionError.NO_ERROR, "subscriber closing")
 
 
 def subscriber_session(quic: QuicConnection, *, path: str | None = None,

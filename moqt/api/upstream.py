@@ -17,7 +17,7 @@ from typing import Final
 from moqt.api.endpoint import Endpoint
 from moqt.api.publisher import Publisher
 from moqt.errors import MoqtError
-from moqt.profile import SessionErrorCode
+from moqt.kinds import SessionError
 from moqt.quic import EndpointConfig
 
 log = logging.getLogger(__name__)
@@ -90,4 +90,4 @@ class UpstreamLink:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self.endpoint is not None and self.endpoint.usable:
-            await self.endpoint.aclose(SessionErrorCode.NO_ERROR, "closing", timeout_s=1.0)
+            await self.endpoint.aclose(SessionError.NO_ERROR, "closing", timeout_s=1.0)

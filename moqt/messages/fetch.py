@@ -140,7 +140,7 @@ class FetchOk(ControlMessage):
 
 @dataclass(frozen=True, slots=True)
 class FetchError(RequestErrorMessage):
-    """FETCH_ERROR (0x19); codes in ``FetchErrorCode``."""
+    """FETCH_ERROR; its Error Code is named by the profile's ``request_errors``."""
 
     KIND: ClassVar[MessageKind] = MessageKind.FETCH_ERROR
 

@@ -45,7 +45,7 @@ class PublishNamespaceOk(RequestIdMessage):
 
 @dataclass(frozen=True, slots=True)
 class PublishNamespaceError(RequestErrorMessage):
-    """PUBLISH_NAMESPACE_ERROR (0x8); codes in ``PublishNamespaceErrorCode``."""
+    """PUBLISH_NAMESPACE_ERROR; its Error Code is named by the profile's ``request_errors``."""
 
     KIND: ClassVar[MessageKind] = MessageKind.PUBLISH_NAMESPACE_ERROR
 
@@ -124,7 +124,7 @@ class SubscribeNamespaceOk(RequestIdMessage):
 
 @dataclass(frozen=True, slots=True)
 class SubscribeNamespaceError(RequestErrorMessage):
-    """SUBSCRIBE_NAMESPACE_ERROR (0x13); codes in ``SubscribeNamespaceErrorCode``."""
+    """SUBSCRIBE_NAMESPACE_ERROR; its Error Code is named by the profile's ``request_errors``."""
 
     KIND: ClassVar[MessageKind] = MessageKind.SUBSCRIBE_NAMESPACE_ERROR
 

@@ -108,6 +108,6 @@ class PublishOk(ControlMessage):
 
 @dataclass(frozen=True, slots=True)
 class PublishError(RequestErrorMessage):
-    """PUBLISH_ERROR (0x1F); codes in ``PublishErrorCode``."""
+    """PUBLISH_ERROR; its Error Code is named by the profile's ``request_errors``."""
 
     KIND: ClassVar[MessageKind] = MessageKind.PUBLISH_ERROR

@@ -159,7 +159,7 @@ class TrackStatusOk(SubscribeOkBody):
 
 @dataclass(frozen=True, slots=True)
 class SubscribeError(RequestErrorMessage):
-    """SUBSCRIBE_ERROR (0x5); codes in ``SubscribeErrorCode``."""
+    """SUBSCRIBE_ERROR; its Error Code is named by the profile's ``request_errors``."""
 
     KIND: ClassVar[MessageKind] = MessageKind.SUBSCRIBE_ERROR
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from types import MappingProxyType
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from moqt.kinds import (
     AliasType,
@@ -29,6 +29,7 @@ from moqt.kinds import (
     SessionError,
     SetupParameter,
     StreamReset,
+    SubgroupIdMode,
 )
 
 N = TypeVar("N", bound=enum.Enum)
@@ -59,6 +60,49 @@ class CodeMap(Generic[N]):
         return self.names.get(code)
 
 
+class SubgroupForm(NamedTuple):
+    """What a subgroup stream's type says about its header and objects."""
+
+    subgroup_id_mode: SubgroupIdMode
+    extensions_present: bool
+    end_of_group: bool
+
+
+class DatagramForm(NamedTuple):
+    """What a datagram's type says about its fields: a payload, or an Object Status (``status``).
+
+    Why a NamedTuple, unlike the frozen dataclasses elsewhere: every datagram sent builds one to look
+    its type up, and a tuple is built and hashed in C (a frozen dataclass costs ~0.6 us more a datagram).
+    """
+
+    extensions_present: bool
+    end_of_group: bool
+    object_id_present: bool
+    status: bool
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DataFraming:
+    """A draft's data-stream and datagram type code points, as tables both ways.
+
+    Why tables rather than bit arithmetic: drafts add flags (a priority-absent bit, more datagram
+    forms) and move them; the codec asks what a type means and which type means a form, so a new
+    layout is a new table. The codec reads these once, when a parser or writer is made.
+    """
+
+    fetch_header: int
+    subgroup_types: Mapping[int, SubgroupForm]
+    datagram_types: Mapping[int, DatagramForm]
+    subgroup_codes: Mapping[SubgroupForm, int] = field(init=False)
+    datagram_codes: Mapping[DatagramForm, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        for name, table in (("subgroup_types", self.subgroup_types), ("datagram_types", self.datagram_types)):
+            object.__setattr__(self, name, MappingProxyType(dict(table)))
+        object.__setattr__(self, "subgroup_codes", MappingProxyType({f: c for c, f in self.subgroup_types.items()}))
+        object.__setattr__(self, "datagram_codes", MappingProxyType({f: c for c, f in self.datagram_types.items()}))
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Profile:
     """One draft's code points (name <-> number tables), parameter rules and limits."""
@@ -80,6 +124,7 @@ class Profile:
     request_parameters: CodeMap[RequestParameter]
     parameter_scope: Mapping[RequestParameter, frozenset[MessageKind]]  # messages that may carry each
     request_messages: frozenset[MessageKind]  # messages that carry a new Request ID
+    data_framing: DataFraming
     control_length_bytes: int = 2
     max_control_message_length: int = 0xFFFF
     max_namespace_fields: int = 32

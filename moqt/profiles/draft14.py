@@ -23,8 +23,9 @@ from moqt.kinds import (
     SessionError,
     SetupParameter,
     StreamReset,
+    SubgroupIdMode,
 )
-from moqt.profiles.base import CodeMap, N, Profile
+from moqt.profiles.base import CodeMap, DataFraming, DatagramForm, N, Profile, SubgroupForm
 
 
 class MessageType(IntEnum):
@@ -314,6 +315,26 @@ DRAFT_14_REQUEST_ERRORS: Final[Mapping[MessageKind, CodeMap[RequestError]]] = Ma
     _K.SUBSCRIBE_NAMESPACE_ERROR: _table(RequestError, SubscribeNamespaceErrorCode),
 })
 
+_SUBGROUP_ID_MODES: Final = (SubgroupIdMode.ZERO, SubgroupIdMode.FIRST_OBJECT, SubgroupIdMode.PRESENT)
+
+
+def _subgroup_form(code: int) -> SubgroupForm:
+    """The SUBGROUP_HEADER bits of ``DataStreamType``'s docstring, read out."""
+    return SubgroupForm(_SUBGROUP_ID_MODES[(code >> 1) & 0x3], bool(code & 0x01), bool(code & 0x08))
+
+
+def _datagram_form(code: int) -> DatagramForm:
+    """The OBJECT_DATAGRAM bits of ``DatagramType``'s docstring; the status types always carry an Object ID."""
+    status = bool(code & DatagramType.STATUS)
+    return DatagramForm(bool(code & 0x01), not status and bool(code & 0x02), status or not code & 0x04, status)
+
+
+DRAFT_14_DATA_FRAMING: Final = DataFraming(
+    fetch_header=DataStreamType.FETCH_HEADER,
+    subgroup_types={int(t): _subgroup_form(t) for t in DataStreamType if t is not DataStreamType.FETCH_HEADER},
+    datagram_types={int(t): _datagram_form(t) for t in DatagramType},
+)
+
 DRAFT_14: Final = Profile(
     draft=14,
     version=0xFF00000E,
@@ -332,4 +353,5 @@ DRAFT_14: Final = Profile(
     request_parameters=_table(RequestParameter, VersionParameterType),
     parameter_scope=DRAFT_14_PARAMETER_SCOPE,
     request_messages=DRAFT_14_REQUEST_MESSAGES,
+    data_framing=DRAFT_14_DATA_FRAMING,
 )

@@ -26,9 +26,6 @@ from moqt.quic.config import (
     QuicSettings,
 )
 from moqt.quic.connection import (
-    INTERNAL_ERROR,
-    NO_ERROR,
-    UNAUTHORIZED,
     ConnectionClosedError,
     ConnectionStats,
     EventHandler,
@@ -42,11 +39,8 @@ from moqt.quic.server import MoqtServer, serve
 __all__ = [
     "ALPN",
     "DEFAULT_PORT",
-    "INTERNAL_ERROR",
     "LOOPBACK_DATAGRAM_SIZE",
     "MAX_DATAGRAM_SIZE",
-    "NO_ERROR",
-    "UNAUTHORIZED",
     "ConnectionClosedError",
     "ConnectionStats",
     "EndpointConfig",

@@ -7,9 +7,10 @@ import socket
 
 from aioquic.quic.connection import NetworkAddress
 
+from moqt.kinds import SessionError
 from moqt.quic.aioquic_hooks import HookedQuicConnection
 from moqt.quic.config import EndpointConfig, MoqtUri
-from moqt.quic.connection import INTERNAL_ERROR, E, EventHandler, MoqtConnection, SessionFactory
+from moqt.quic.connection import E, EventHandler, MoqtConnection, SessionFactory
 from moqt.quic.endpoint import UdpEndpoint
 from moqt.quic.udp import udp_socket
 
@@ -39,7 +40,7 @@ async def connect(uri: str, config: EndpointConfig, session_factory: SessionFact
         await asyncio.wait_for(conn.wait_ready(), config.settings.handshake_timeout_s)
     except BaseException:
         if conn is not None:
-            conn.close(INTERNAL_ERROR, "connect failed")
+            conn.close(SessionError.INTERNAL_ERROR, "connect failed")
         endpoint.close_socket()
         raise
     return conn

@@ -9,9 +9,10 @@ stream's send buffer (``write``/``drain``); and passes ``now = max(loop.time(), 
 timers, so 1 ms timer granularity (uvloop) cannot make aioquic's pacer spin. After the handshake it
 verifies the peer certificate (moqt/tls.py) before the session exists, and surfaces the peer identity.
 
-Closes use MOQT Session Termination codes (draft-14 section 3.4) in the application CONNECTION_CLOSE:
-``UNAUTHORIZED`` (0x2) for a certificate that fails verification or no credentials by the auth
-deadline, ``INTERNAL_ERROR`` (0x1) when the session or an event handler raises.
+Closes use MOQT Session Termination codes in the application CONNECTION_CLOSE, named
+(`moqt.kinds.SessionError`) and numbered by the connection's profile: ``UNAUTHORIZED`` for a
+certificate that fails verification or no credentials by the auth deadline, ``INTERNAL_ERROR`` when
+the session or an event handler raises.
 """
 
 from __future__ import annotations
@@ -29,15 +30,14 @@ from aioquic.quic.connection import NetworkAddress
 
 from moqt.auth import AuthError
 from moqt.errors import MoqtError
+from moqt.kinds import SessionError
+from moqt.profiles import DRAFT_14, Profile
 from moqt.quic.aioquic_hooks import HookedQuicConnection, peer_certificate_chain, send_buffered
 from moqt.quic.config import EndpointConfig, MoqtUri
 from moqt.tls import PeerAuthentication, PeerCertificateError
 
 log = logging.getLogger(__name__)
 
-NO_ERROR: Final = 0x0
-INTERNAL_ERROR: Final = 0x1
-UNAUTHORIZED: Final = 0x2
 _MAX_REASON: Final = 200
 _MAX_PENDING_EVENTS: Final = 64
 
@@ -115,6 +115,8 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
         self._endpoint, self._factory, self._on_event = endpoint, session_factory, on_event
         self._expected_identity = expected_identity
         self._session: SessionLike[E] | None = None
+        # The draft the handshake chose numbers this connection's closes; draft-14 is the only one yet.
+        self.profile: Profile = DRAFT_14
         self._timed: TimedSession[E] | None = None
         self._pending: list[qe.QuicEvent] = []
         self._events: deque[E] = deque()
@@ -218,10 +220,11 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
         """Handshake done, peer certificate verified (if any) and session created."""
         await asyncio.shield(self._ready)
 
-    def close(self, error_code: int = NO_ERROR, reason: str = "") -> None:
-        """Close with a MOQT Session Termination code (application CONNECTION_CLOSE)."""
+    def close(self, error: SessionError | int = SessionError.NO_ERROR, reason: str = "") -> None:
+        """Close with a MOQT Session Termination (application CONNECTION_CLOSE); a name is numbered by
+        the connection's profile, an integer passes through (e.g. a code relayed from elsewhere)."""
         if not self.closed:
-            self.quic.close(error_code=error_code, reason_phrase=reason[:_MAX_REASON])
+            self.quic.close(error_code=self.profile.session_errors.code(error), reason_phrase=reason[:_MAX_REASON])
             self._transmit()
 
     async def wait_closed(self) -> None:
@@ -232,7 +235,7 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        self.close(NO_ERROR if exc is None else INTERNAL_ERROR)
+        self.close(SessionError.NO_ERROR if exc is None else SessionError.INTERNAL_ERROR)
         await self.wait_closed()
 
     # -- driven by the endpoint and timers -----------------------------------------------------------
@@ -316,7 +319,7 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
         except Exception:  # the session maps peer errors to closes itself; anything else is a bug
             log.exception("MOQT session or event handler failed; closing the connection")
             self._rejected = True
-            self.close(INTERNAL_ERROR, "internal error")
+            self.close(SessionError.INTERNAL_ERROR, "internal error")
         self._wake_event_waiter()
 
     def _wake_event_waiter(self) -> None:
@@ -332,12 +335,12 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
             log.info("peer %s rejected: %s", self.address, exc)
             self._rejected = True
             self._fail_ready(exc)
-            self.close(exc.session_code, str(exc))
+            self.close(exc.error, str(exc))
             return
         except Exception:
             log.exception("session factory failed; closing the connection")
             self._rejected = True
-            self.close(INTERNAL_ERROR, "internal error")
+            self.close(SessionError.INTERNAL_ERROR, "internal error")
             return
         if all(callable(getattr(self._session, name, None)) for name in ("get_timer", "handle_timer")):
             self._timed = cast(TimedSession[E], self._session)
@@ -372,7 +375,7 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
     def _auth_deadline(self) -> None:
         self._auth_timer = None
         if self._authenticated_by is None:
-            self.close(UNAUTHORIZED, "no client certificate and no valid authorization token")
+            self.close(SessionError.UNAUTHORIZED, "no client certificate and no valid authorization token")
 
     def _terminated(self, event: qe.ConnectionTerminated) -> None:
         self._close_event = event
@@ -397,7 +400,7 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
     def _closed_error(self) -> ConnectionClosedError:
         ev = self._close_event
         if ev is None:
-            return ConnectionClosedError(NO_ERROR, "closed", True)
+            return ConnectionClosedError(self.profile.session_errors.code(SessionError.NO_ERROR), "closed", True)
         return ConnectionClosedError(ev.error_code, ev.reason_phrase, ev.frame_type is None)
 
     def _check_open(self) -> None:

@@ -12,9 +12,10 @@ from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfigura
 from aioquic.quic.connection import NetworkAddress
 from aioquic.quic.packet import QuicPacketType, encode_quic_version_negotiation, pull_quic_header
 
+from moqt.kinds import SessionError
 from moqt.quic.aioquic_hooks import HookedQuicConnection
 from moqt.quic.config import EndpointConfig
-from moqt.quic.connection import NO_ERROR, E, EventHandler, MoqtConnection, SessionFactory
+from moqt.quic.connection import E, EventHandler, MoqtConnection, SessionFactory
 from moqt.quic.endpoint import UdpEndpoint
 from moqt.quic.udp import udp_socket
 
@@ -98,11 +99,11 @@ class MoqtServer(UdpEndpoint, Generic[E]):
             if not self._accepting:
                 self._loop.call_soon(self.close_socket)
 
-    def close(self, error_code: int = NO_ERROR, reason: str = "server shutting down") -> None:
+    def close(self, error: SessionError | int = SessionError.NO_ERROR, reason: str = "server shutting down") -> None:
         """Stop accepting and close every connection; the socket closes once the last has ended."""
         self._accepting = False
         for conn in list(self.connections):
-            conn.close(error_code, reason)
+            conn.close(error, reason)
         if not self.connections:
             self.close_socket()
 

@@ -7,7 +7,7 @@ build on them without pulling in the adapters:
 * `objects`: `MoqtObject`, `TrackSource` / `StoredTrack` (and the in-memory `MemoryTrackSource`),
   `Authorizer`, `TokenRule`, `Action`; `TrackPublisher` / `TrackWriter`, what a producer needs of
   the asyncio `Publisher` / `LiveTrack`.
-* `errors`: the API's exceptions, each with the MOQT code that caused it.
+* `errors`: the API's exceptions, each naming the MOQT error that caused it.
 * `ranges`: which objects a FETCH or a new subscription covers, and FETCH_OK's End Location.
 * `groups`: `GroupLog`, the recent groups of a live track (late subscribers, FETCH of live tracks).
 * `assembly`: `ObjectAssembler`, object pieces made whole in the caller's buffers (`Allocator`).
@@ -20,7 +20,6 @@ octets around these.
 from moqt.tracks.assembly import Allocator, ObjectAssembler
 from moqt.tracks.completion import NORMAL_END, RequestKind, RequestTracker
 from moqt.tracks.errors import (
-    UNAUTHORIZED_REQUEST,
     FetchRefused,
     MalformedTrackError,
     MoqtApiError,
@@ -54,7 +53,6 @@ from moqt.tracks.ranges import check_fetch, fetch_ok_end, fetch_stop, subscripti
 
 __all__ = [
     "NORMAL_END",
-    "UNAUTHORIZED_REQUEST",
     "Action",
     "Allocator",
     "Authorizer",

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
+from moqt.kinds import PublishDoneStatus, RequestError, StreamReset
 from moqt.messages import ControlMessage
-from moqt.profile import PublishDoneCode
 from moqt.tracks.errors import (
     FetchRefused,
     MoqtApiError,
@@ -18,7 +18,8 @@ from moqt.tracks.errors import (
 )
 from moqt.wire import VARINT_MAX
 
-NORMAL_END: Final = frozenset({PublishDoneCode.TRACK_ENDED, PublishDoneCode.SUBSCRIPTION_ENDED})
+NORMAL_END: Final[frozenset[PublishDoneStatus | int]] = frozenset({PublishDoneStatus.TRACK_ENDED,
+                                                                  PublishDoneStatus.SUBSCRIPTION_ENDED})
 
 
 class RequestKind(Enum):
@@ -40,7 +41,7 @@ class RequestTracker:
     accepted: bool = False  # answered with FETCH_OK / SUBSCRIBE_OK (not refused)
     streams_ended: int = 0
     done_count: int | None = None
-    done_code: int | None = None
+    done_status: PublishDoneStatus | int | None = None  # the name, or the code the profile does not name
     done_reason: str = ""
     finished: bool = False
     error: MoqtApiError | None = None
@@ -58,10 +59,10 @@ class RequestTracker:
         self.answered = self.accepted = True
         self.ok = message
 
-    def on_refused(self, code: int, reason: str) -> None:
+    def on_refused(self, error: RequestError | int, reason: str) -> None:
         self.answered = True
-        kind: type[RequestRefused] = FetchRefused if self.kind is RequestKind.FETCH else SubscribeRefused
-        self.fail(kind(code, reason))
+        kind: type[RequestRefused[RequestError]] = FetchRefused if self.kind is RequestKind.FETCH else SubscribeRefused
+        self.fail(kind(error, reason))
 
     def on_stream_ended(self, group: int | None, end_of_group: bool) -> None:
         self.streams_ended += 1
@@ -71,22 +72,22 @@ class RequestTracker:
         else:
             self._check_done()
 
-    def on_stream_reset(self, code: int) -> None:
-        self.fail(StreamResetError(code, f"{self.kind.value} data stream reset by the publisher"))
+    def on_stream_reset(self, error: StreamReset | int) -> None:
+        self.fail(StreamResetError(error, f"{self.kind.value} data stream reset by the publisher"))
 
-    def on_publish_done(self, code: int, stream_count: int, reason: str) -> None:
-        self.done_code, self.done_count, self.done_reason = code, stream_count, reason
+    def on_publish_done(self, status: PublishDoneStatus | int, stream_count: int, reason: str) -> None:
+        self.done_status, self.done_count, self.done_reason = status, stream_count, reason
         self._check_done()
 
     def _check_done(self) -> None:
-        if self.done_count is None or self.done_code is None:
+        if self.done_count is None or self.done_status is None:
             return
         if self.done_count < VARINT_MAX and self.streams_ended < self.done_count:
             return  # streams still on their way (PUBLISH_DONE often overtakes the data)
-        if self.done_code in NORMAL_END:
+        if self.done_status in NORMAL_END:
             self._finish()
         else:
-            self.fail(SubscriptionEnded(self.done_code, self.done_reason))
+            self.fail(SubscriptionEnded(self.done_status, self.done_reason))
 
     def _finish(self) -> None:
         if not self.over:

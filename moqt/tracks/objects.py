@@ -17,7 +17,7 @@ from typing import Protocol
 
 from moqt.auth import TokenClaims
 from moqt.data import Extensions
-from moqt.profile import ObjectStatus
+from moqt.kinds import ObjectStatus, PublishDoneStatus
 from moqt.wire import Bytes, Location, Namespace
 
 
@@ -133,7 +133,7 @@ class TrackWriter(Protocol):
 
     def end_group(self) -> None: ...
 
-    def close(self, error_code: int | None = None) -> None: ...
+    def close(self, status: PublishDoneStatus | int | None = None) -> None: ...
 
 
 class TrackPublisher(Protocol):

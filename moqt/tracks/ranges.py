@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from moqt.kinds import FilterType, RequestError
 from moqt.messages.subscribe import filter_start
-from moqt.profile import FetchErrorCode, FilterType
 from moqt.wire import Location
 
 
@@ -12,12 +12,12 @@ def fetch_stop(end: Location) -> Location:
     return Location(end.group + 1, 0) if end.object == 0 else end
 
 
-def check_fetch(start: Location, end: Location, largest: Location | None) -> int | None:
-    """The FETCH_ERROR code for a standalone FETCH of a track whose largest object is ``largest``."""
+def check_fetch(start: Location, end: Location, largest: Location | None) -> RequestError | None:
+    """The FETCH_ERROR for a standalone FETCH of a track whose largest object is ``largest``."""
     if largest is None:
-        return FetchErrorCode.NO_OBJECTS
+        return RequestError.NO_OBJECTS
     if start > largest or fetch_stop(end) <= start:
-        return FetchErrorCode.INVALID_RANGE
+        return RequestError.INVALID_RANGE
     return None
 
 

@@ -155,7 +155,7 @@ async def _child_subscribe(args: argparse.Namespace) -> None:
                     if received == 1:
                         print("first", flush=True)
         except MoqtApiError as exc:
-            error = getattr(exc, "code", -1)
+            error = repr(getattr(exc, "error", None))
         for _ in range(100):  # PUBLISH_DONE may follow the stream reset
             if done:
                 break
