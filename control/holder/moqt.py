@@ -39,11 +39,10 @@ from kvsp.moqt_binding import BLOCK_GROUP, kvsp_authorizer, kvsp_token_rule, lay
 from kvsp.records import ReplicaRecord
 from kvsp.service.config import RoleConfig
 from kvsp.service.tokens import load_token_key
-from moqt.api import MoqtObject, Publisher, PublisherSettings, StoredTrack
+from moqt.api import MoqtObject, Publisher, PublisherSettings, StoredTrack, UpstreamLink
 from moqt.errors import MoqtError
 from moqt.quic import EndpointConfig, MoqtUri, QuicSettings
 from moqt.wire import Location, Namespace
-from moqt.api import UpstreamLink
 
 log = logging.getLogger("kvsp.holder.moqt")
 
