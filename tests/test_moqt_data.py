@@ -23,11 +23,10 @@ from moqt.data import (
     PayloadChunk,
     StreamFinished,
     SubgroupHeader,
-    SubgroupIdMode,
     SubgroupWriter,
 )
 from moqt.errors import ProtocolViolation
-from moqt.kinds import ObjectStatus, SessionError
+from moqt.kinds import ObjectStatus, SessionError, SubgroupIdMode
 from moqt.profiles import DRAFT_14
 from moqt.profiles.draft14 import DatagramType, DataStreamType  # this file tests the draft-14 framing
 from moqt.wire import VARINT_MAX, KeyValuePair, encode_varint

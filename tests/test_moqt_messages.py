@@ -355,8 +355,8 @@ def filters(draw: st.DrawFn) -> tuple[FilterType, Location | None, int | None]:
 
 
 def subscribe_like(cls: type[Subscribe] | type[TrackStatus], allowed: set[str]) -> st.SearchStrategy[ControlMessage]:
-    return st.builds(lambda rid, ns, name, prio, order, fwd, flt, params: cls(rid, ns, name, prio, order, fwd, *flt,
-                                                                               params),
+    return st.builds(lambda rid, ns, name, prio, order, fwd, flt, params: cls(rid, ns, name, prio, order, fwd, flt[0],
+                                                                               flt[1], flt[2], params),
                      varint, namespaces, names, u8, orders, st.booleans(), filters(), request_params(allowed))
 
 
@@ -383,7 +383,8 @@ MESSAGES: dict[type[ControlMessage], st.SearchStrategy[Any]] = {
     PublishDone: st.builds(PublishDone, varint, varint, varint, text),
     Publish: st.builds(Publish, varint, namespaces, names, varint, response_orders, st.none() | locations,
                        st.booleans(), request_params({"delivery", "auth", "cache"})),
-    PublishOk: st.builds(lambda rid, fwd, prio, order, flt, p: PublishOk(rid, fwd, prio, order, *flt, p),
+    PublishOk: st.builds(lambda rid, fwd, prio, order, flt, p: PublishOk(rid, fwd, prio, order, flt[0], flt[1],
+                                                                         flt[2], p),
                          varint, st.booleans(), u8, response_orders, filters(), request_params({"delivery"})),
     Fetch: st.one_of(
         st.builds(lambda rid, ns, name, a, b, prio, order, p: Fetch(

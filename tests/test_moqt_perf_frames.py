@@ -56,9 +56,10 @@ class Side:
             yield event
 
 
-def _hooked(configuration: QuicConfiguration, ack_delay_s: float | None = None, **kwargs: bytes
-            ) -> HookedQuicConnection:
-    quic = HookedQuicConnection(configuration=configuration, ack_delay_s=ack_delay_s, **kwargs)
+def _hooked(configuration: QuicConfiguration, ack_delay_s: float | None = None,
+            original_destination_connection_id: bytes | None = None) -> HookedQuicConnection:
+    quic = HookedQuicConnection(configuration=configuration, ack_delay_s=ack_delay_s,
+                                original_destination_connection_id=original_destination_connection_id)
     quic.on_write = lambda: None
     return quic
 

@@ -96,7 +96,8 @@ def test_every_message_is_framed_with_the_profiles_type() -> None:
 
 def test_the_data_framing_table_is_the_drafts_and_one_to_one() -> None:
     framing = DRAFT_14.data_framing
-    assert framing.fetch_header == d14.DataStreamType.FETCH_HEADER == 0x05
+    assert framing.fetch_header == d14.DataStreamType.FETCH_HEADER
+    assert int(d14.DataStreamType.FETCH_HEADER) == 0x05
     assert set(framing.subgroup_types) | {framing.fetch_header} == set(d14.DataStreamType)
     assert set(framing.datagram_types) == set(d14.DatagramType)
     assert len(framing.subgroup_codes) == len(framing.subgroup_types)  # no two types mean the same form
