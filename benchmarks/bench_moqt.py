@@ -43,7 +43,6 @@ import functools
 import hashlib
 import json
 import multiprocessing
-import pstats
 import statistics
 import sys
 import tempfile
@@ -57,6 +56,7 @@ import numpy as np
 import uvloop
 from aiohttp import web
 
+from benchmarks.profiling import paired_cpu, summarize
 from benchmarks.timing import Sample, add_check, case
 from control.deploy.pki import loopback_uri
 from control.deploy.ports import free_udp_port
@@ -286,58 +286,6 @@ def _serve_main(directory: str, uris: dict[str, str], ports: tuple[int, int, int
     uvloop.run(_serve(Setup(Path(directory), uris, *ports), pipe))
 
 
-# -- profiles --------------------------------------------------------------------------------------
-AREAS = (("aioquic packet/crypto (C)", ("aioquic/_crypto", "aioquic/_buffer", "{method 'encrypt", "{method 'decrypt",
-                                        "{built-in method aioquic")),
-         ("aioquic connection (Python)", ("aioquic/",)),
-         ("moqt session and codecs", ("moqt/_", "moqt/data", "moqt/wire", "moqt/session", "moqt/messages")),
-         ("moqt adapter and API", ("moqt/quic", "moqt/api", "moqt/tls")),
-         ("kvsp (binding, holder, verify)", ("kvsp/", "control/")),
-         ("sha256 (hashlib)", ("_hashlib", "sha256")),
-         ("socket send/recv", ("sendto", "recvfrom", "'send'", "'recv", "sock_")),
-         ("aiohttp/TLS", ("aiohttp", "ssl")),
-         ("event loop (uvloop; client: includes waiting)", ("asyncio/runners.py", "uvloop", "asyncio/")),
-         ("rest", ("",)))
-
-
-COUNTED = ("_readable", "_transmit", "_on_timer", "drain", "_receive", "_write_stream_frame")
-"""Adapter functions whose call counts show batching: datagrams per wake-up, timers, waits for ACKs."""
-
-
-def _short(label: str) -> str:
-    """A profile row's file path relative to site-packages or to this repository."""
-    for root in ("site-packages/", str(Path(__file__).resolve().parents[1]) + "/"):
-        label = label.rpartition(root)[2] or label
-    return label
-
-
-def summarize(profiler: cProfile.Profile, top: int = 12) -> dict[str, object]:
-    """Total time per area (self time of the functions in it), the top functions by self time, and the
-    API's and binding's own functions (``moqt/api``, ``kvsp``, ``control``) by self time."""
-    stats = pstats.Stats(profiler)
-    raw: dict[tuple[str, int, str], tuple[int, int, float, float, object]] = stats.stats  # type: ignore[attr-defined]
-    areas: dict[str, float] = {name: 0.0 for name, _ in AREAS}
-    rows = []
-    for (filename, line, name), (_, calls, tottime, cumtime, _) in raw.items():
-        label = f"{filename}:{line}({name})"
-        area = next(a for a, needles in AREAS if any(n in label for n in needles))
-        areas[area] += tottime
-        rows.append((tottime, cumtime, calls, _short(label)))
-    total = sum(areas.values()) or 1.0
-    rows.sort(reverse=True)
-    ours = [row for row in rows if row[3].startswith(("moqt/api", "kvsp/", "control/"))]
-    counts = {name: sum(c for (f, _, n), (_, c, *_) in raw.items() if n == name and "moqt/" in f) for name in COUNTED}
-    return {"total_s": round(total, 3), "calls": counts,
-            "areas_pct": {a: round(100 * t / total, 1) for a, t in sorted(areas.items(), key=lambda x: -x[1]) if t},
-            "top_self_time": [_row(row) for row in rows[:top]],
-            "api_and_binding": [_row(row) for row in ours[:top // 2]]}
-
-
-def _row(row: tuple[float, float, int, str]) -> dict[str, object]:
-    tottime, cumtime, calls, function = row
-    return {"function": function, "self_s": round(tottime, 4), "cum_s": round(cumtime, 4), "calls": calls}
-
-
 # -- the client ------------------------------------------------------------------------------------
 @dataclass
 class Clients:
@@ -453,27 +401,6 @@ async def _many(fetch: Callable[[int], Awaitable[Any]], requests: int, concurren
     return results
 
 
-def _sample(values: list[float]) -> Sample:
-    return Sample.of(values)
-
-
-def _paired(first: Callable[[], object], second: Callable[[], object], reps: int,
-            cpu: Callable[[], float]) -> tuple[Sample, Sample, list[float]]:
-    """Both measured in alternation, one repetition each in turn, so that load from elsewhere on the
-    machine (other processes on the same cores) hits both alike. Also: CPU seconds of both processes
-    (client + server) per repetition of each."""
-    times: tuple[list[float], list[float]] = ([], [])
-    cpu_s = [0.0, 0.0]
-    for rep in range(reps + 1):
-        for index, fn in enumerate((first, second)):
-            start, cpu_start = time.perf_counter(), time.process_time() + cpu()
-            fn()
-            if rep:  # the first round warms both paths up
-                times[index].append(time.perf_counter() - start)
-                cpu_s[index] += time.process_time() + cpu() - cpu_start
-    return _sample(times[0]), _sample(times[1]), [c / reps for c in cpu_s]
-
-
 def _datagram_row(runner: asyncio.Runner, clients: Clients, mib: int, quick: bool) -> dict[str, object]:
     """The holder's 64 KiB datagrams against the 16000 octets stock aioquic is limited to."""
     requests, reps = max(1, (16 if quick else 64) // mib), 3 if quick else 9
@@ -481,7 +408,7 @@ def _datagram_row(runner: asyncio.Runner, clients: Clients, mib: int, quick: boo
     def batch(fetch: Callable[[int, int], Awaitable[None]]) -> Callable[[], object]:
         return lambda: runner.run(_many(functools.partial(lambda f, i: f(i, mib), fetch), requests, 1))
 
-    large, small, cpu = _paired(batch(clients.via_moqt), batch(clients.via_small), reps, clients.server_cpu)
+    large, small, cpu = paired_cpu(batch(clients.via_moqt), batch(clients.via_small), reps, clients.server_cpu)
     row = case(f"datagram-65488-vs-16000-{mib}MiB-c1", large, small,
                "informational: MOQT fetch with 64 KiB datagrams vs 16000 (ratio > 1: larger is faster)",
                unit="s per batch", higher_is_better=True)
@@ -500,7 +427,7 @@ def _per_fetch_row(runner: asyncio.Runner, clients: Clients, quick: bool) -> dic
     moqt_batch = batch(clients.one_layer_moqt)
     moqt_batch()  # the connection exists before its counters are read
     before = clients.moqt_counters()
-    moqt, https, cpu = _paired(moqt_batch, batch(clients.one_layer_https), reps, clients.server_cpu)
+    moqt, https, cpu = paired_cpu(moqt_batch, batch(clients.one_layer_https), reps, clients.server_cpu)
     after = clients.moqt_counters()
     row = case("one-layer-2MiB-c1", moqt, https,
                "informational: the fixed cost of a fetch, layer 0 of a 2 MiB block (ratio > 1: MOQT is faster)",
@@ -519,7 +446,7 @@ def _flight_cap_row(runner: asyncio.Runner, clients: Clients, mib: int, quick: b
     def batch(fetch: Callable[[int, int], Awaitable[None]]) -> Callable[[], object]:
         return lambda: runner.run(_many(functools.partial(lambda f, i: f(i, mib), fetch), requests, 8))
 
-    capped, uncapped, cpu = _paired(batch(clients.via_capped), batch(clients.via_moqt), reps, clients.server_cpu)
+    capped, uncapped, cpu = paired_cpu(batch(clients.via_capped), batch(clients.via_moqt), reps, clients.server_cpu)
     row = case(f"flight-cap-{mib}MiB-c8", capped, uncapped,
                "informational: MOQT fetch with the window capped at 4 MiB vs uncapped (ratio > 1: the cap is faster)",
                unit="s per batch", higher_is_better=True)
@@ -536,7 +463,7 @@ def _throughput_row(runner: asyncio.Runner, clients: Clients, mib: int, concurre
     def batch(fetch: Callable[[int, int], Awaitable[None]]) -> Callable[[], object]:
         return lambda: runner.run(_many(functools.partial(lambda f, i: f(i, mib), fetch), requests, concurrency))
 
-    moqt, https, cpu = _paired(batch(clients.via_moqt), batch(clients.via_https), reps, clients.server_cpu)
+    moqt, https, cpu = paired_cpu(batch(clients.via_moqt), batch(clients.via_https), reps, clients.server_cpu)
     row = case(f"fetch-{mib}MiB-c{concurrency}", moqt, https, "MOQT throughput >= 1.0x HTTPS GET (ratio >= 1.0)",
                unit="s per batch", higher_is_better=True, goal_min_ratio=1.0)
     row["requests"] = requests
@@ -556,8 +483,8 @@ def _first_layer_row(runner: asyncio.Runner, clients: Clients, mib: int, concurr
             if rep:
                 results[index].extend(got)
     moqt, https = results
-    first_moqt, whole_moqt = _sample([f for f, _ in moqt]), _sample([w for _, w in moqt])
-    first_https, whole_https = _sample([f for f, _ in https]), _sample([w for _, w in https])
+    first_moqt, whole_moqt = Sample.of([f for f, _ in moqt]), Sample.of([w for _, w in moqt])
+    first_https, whole_https = Sample.of([f for f, _ in https]), Sample.of([w for _, w in https])
     row = case(f"first-layer-{mib}MiB-c{concurrency}", first_moqt, first_https,
                "MOQT first layer no later than HTTPS with per-layer writes (ratio >= 1.0) and "
                "<= 1/8 of the MOQT whole-block time (first_over_whole <= 0.125)", higher_is_better=True,
@@ -574,8 +501,8 @@ def _live_row(runner: asyncio.Runner, clients: Clients, quick: bool) -> dict[str
     pace = 0.002  # 2 ms per layer: 64 ms for 32 layers, about a layer-wise prefill of a few thousand tokens
     reps = 5 if quick else 15
     runs = [runner.run(clients.live(n, pace)) for n in range(reps + 1)][1:]
-    first = _sample([c_first - start for start, _, c_first, _ in runs])
-    produced = _sample([last - start for start, last, _, _ in runs])
+    first = Sample.of([c_first - start for start, _, c_first, _ in runs])
+    produced = Sample.of([last - start for start, last, _, _ in runs])
     row = case("live-2MiB", first, produced,
                "consumer's first layer within 1/8 of the production time (ratio <= 0.125)", goal_max_ratio=0.125)
     row["pace_ms"] = pace * 1e3
