@@ -271,14 +271,25 @@ class KvspConnector(KVConnectorBase_V1):  # type: ignore[misc]
     # -- worker side -------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         d = self.descriptor
+        kernel = self._cpu_kernel(kv_caches)
         for name, cache in kv_caches.items():
             if kv_dtype_of(cache.dtype) != d.kv_dtype:
                 raise ValueError(f"kvsp: vLLM's KV cache is {cache.dtype}, the descriptor says {d.kv_dtype}")
-            self._paged[name] = PagedLayer(cache, d.kv_heads, d.head_dim, self.block_size)
+            self._paged[name] = PagedLayer(cache, d.kv_heads, d.head_dim, self.block_size, cpu_kernel=kernel)
             self._layer_of[name] = extract_layer_index(name)
         if sorted(self._layer_of.values()) != list(range(d.layers)):
             raise ValueError(f"kvsp: vLLM has attention layers {sorted(self._layer_of.values())}, "
                              f"the descriptor {d.layers}")
+
+    def _cpu_kernel(self, kv_caches: dict[str, torch.Tensor]) -> str | None:
+        """vLLM's CPU attention kernel (it decides a block's interior), None off the CPU backend."""
+        if not any(cache.device.type == "cpu" for cache in kv_caches.values()):
+            return None
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa  # type: ignore[import-not-found]  # noqa: PLC0415 - CPU only
+        config = self._vllm_config
+        kernel: str = _get_attn_isa(config.model_config.dtype, self.block_size, self.descriptor.head_dim,
+                                    config.cache_config.cache_dtype)
+        return kernel
 
     def _plan(self) -> StepPlan:
         if not self.has_connector_metadata():

@@ -8,6 +8,9 @@
     <- {"op": "quit"}
 
 vLLM runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the connector's counters are read here.
+The JSON lines go out on a private copy of fd 1; fd 1 itself is pointed at stderr (the log), because vLLM's
+logger and its C++ code write to stdout, and log lines interleaved with the answers made the test's reader
+wait for an answer that already sat in its buffer (the start-up "stall" of issue 15).
 """
 
 from __future__ import annotations
@@ -23,9 +26,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+_ANSWERS = os.fdopen(os.dup(1), "w", buffering=1)  # the JSON channel; fd 1 becomes the log
+sys.stdout.flush()
+os.dup2(2, 1)
+
+
 def say(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+    _ANSWERS.write(json.dumps(obj) + "\n")
+    _ANSWERS.flush()
 
 
 def stats() -> dict[str, int]:
