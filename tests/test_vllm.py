@@ -17,8 +17,9 @@ import os
 import select
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +32,17 @@ from control.deploy.ports import free_port
 from control.deploy.processes import serve, stop_all, wait_listening
 from kvsp.client.fetch import BlockFetcher, FetchOptions
 from kvsp.client.holder import HolderClient
-from kvsp.container import encode_container
+from kvsp.client.index import IndexClient
+from kvsp.container import decode_container, encode_container, replica_digest
 from kvsp.engine import LayerKv, greedy_sampler
 from kvsp.hf.descriptor import descriptor_from_model_dir
 from kvsp.hf.engine import HfModel
 from kvsp.hf.refmodel import ModelShape, init_model
 from kvsp.keys import BlockKeyChain, ScopeKey
-from kvsp.registry import Codec
+from kvsp.records import LookupRequest, ReplicaRecord, Residency
+from kvsp.registry import Codec, Tier
 from kvsp.tensors import section_view
+from tests.support.client_doubles import FakeHolder, Mode
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_SCRIPT = REPO / ".ci" / "vllm-env"
@@ -159,16 +163,19 @@ class World:
     def __init__(self, tmp: Path, python: Path) -> None:
         self.tmp, self.python = tmp, python
         self.model = init_model(tmp / "model", SHAPE)
-        self.pki = DevPki.make(tmp, ["is", "h1", "va", "vb", "vc"])
+        self.pki = DevPki.make(tmp, ["is", "h1", "h2", "va", "vb", "vc"])
         self.descriptor = descriptor_from_model_dir(self.model, block_tokens=B, kv_dtype="fp32")
         (tmp / "model.json").write_text(json.dumps(self.descriptor.to_json()))
         self.keys = {"a": ScopeKey.generate(), "b": ScopeKey.generate()}
         for name, key in self.keys.items():
             (tmp / f"{name}.key").write_text(key.secret().hex())
         engines = [self.pki.uri(n) for n in ("va", "vb", "vc")]
-        PolicyFile(scopes=[ScopeEntry.open_to(self.keys["a"].scope_id, [*engines, self.pki.uri("h1")]),
+        # h2 is a fake holder (tests/support/client_doubles.py) run in this process; engines may act for
+        # it at the IS, so that a client's withdrawal of one of its bad replicas is authorized
+        holders = [self.pki.uri("h1"), self.pki.uri("h2")]
+        PolicyFile(scopes=[ScopeEntry.open_to(self.keys["a"].scope_id, [*engines, *holders]),
                            ScopeEntry.open_to(self.keys["b"].scope_id, [self.pki.uri("va"), self.pki.uri("h1")])],
-                   publish_for={u: [self.pki.uri("h1")] for u in engines}).write(tmp / "policy.toml")
+                   publish_for={u: holders for u in engines}).write(tmp / "policy.toml")
         RoleFile(["is"], self.pki.uri("is"), Tls.of("is"), "policy.toml",
                  sections=[IndexSection(descriptors=["model.json"])]).write(tmp / "is.toml")
         RoleFile(["holder"], self.pki.uri("h1"), Tls.of("h1"), "policy.toml",
@@ -368,6 +375,133 @@ def test_cross_engine_both_directions(world: World, engines: dict[str, Engine]) 
     if os.environ.get("KVSP_VLLM_REPORT"):
         (REPO / "tests" / ".vllm-cross-engine.json").write_text(json.dumps(record))
     print("cross-engine:", json.dumps(record))
+
+
+class FakeHolderThread:
+    """A `FakeHolder` (real mutual TLS, misbehaving per block key) served from an event loop of its own thread."""
+
+    def __init__(self, world: World, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.holder = self.call(FakeHolder(world.pki, name).start())
+
+    def call(self, work: Coroutine[Any, Any, Any], timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(work, self.loop).result(timeout)
+
+    def close(self) -> None:
+        try:
+            self.call(self.holder.stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def h2(world: World) -> Iterator[FakeHolderThread]:
+    fake = FakeHolderThread(world, "h2")
+    try:
+        yield fake
+    finally:
+        fake.close()
+
+
+def hf_containers(world: World, prompt: Sequence[int]) -> list[bytes]:
+    """Real ``kvsp-layout-1`` containers of ``prompt``'s complete blocks, computed by the HF engine."""
+    model = HfModel.load(world.model, block_tokens=B, kv_dtype="fp32")
+    _, (engine, _) = hf_greedy(model, prompt, 1)
+    out = []
+    for i in range(len(prompt) // B):
+        layers = engine.export_kv(i, (0, SHAPE.layers - 1))
+        out.append(encode_container(Codec.RAW, 0, B, [(lk.k, lk.v) for lk in layers]))
+    return out
+
+
+def replica_record(world: World, holder: str, key: bytes, container: bytes) -> ReplicaRecord:
+    decoded = decode_container(container)
+    digests = decoded.layer_digests()
+    return ReplicaRecord(block_key=key, compat_id=world.descriptor.compat_id, scope_id=world.keys["a"].scope_id,
+                         holder=holder, codec=decoded.codec, size=len(container), digest=replica_digest(digests),
+                         residency=(Residency(Tier.HOST, (decoded.first_layer, decoded.last_layer), None),),
+                         ttl_ms=120_000, layer_digests=digests)
+
+
+async def publish_as(world: World, who: str, records: Sequence[ReplicaRecord]) -> None:
+    async with world.pki.session(who) as session:
+        index = IndexClient(session, world.pki.uri("is"))
+        for record in records:
+            await index.publish(record)
+
+
+async def holders_of(world: World, keys: Sequence[bytes]) -> list[list[str]]:
+    """The holders the IS lists for each key of ``keys``' longest matched prefix."""
+    async with world.pki.session("vb") as session:
+        index = IndexClient(session, world.pki.uri("is"))
+        answer = await index.lookup(LookupRequest(world.keys["a"].scope_id, world.descriptor.compat_id, tuple(keys)))
+        return [[r.holder for r in group] for group in answer.replicas]
+
+
+def serve_at_fake(world: World, h2: FakeHolderThread, prompt: Sequence[int], modes: Sequence[Mode]) -> list[bytes]:
+    """Put ``prompt``'s blocks (real KV) at the fake holder, one mode per block, and publish them at the real IS
+    as each key's only replica.  Returns the block keys."""
+    keys = list(BlockKeyChain(world.keys["a"], world.descriptor.compat_id, B).extend(prompt))
+    containers = hf_containers(world, prompt)
+    assert len(keys) == len(containers) == len(modes)
+    for key, container, mode in zip(keys, containers, modes, strict=True):
+        h2.holder.blocks[key] = container
+        h2.holder.modes[key] = mode
+    asyncio.run(publish_as(world, "h2", [replica_record(world, h2.holder.uri, k, c)
+                                         for k, c in zip(keys, containers, strict=True)]))
+    assert asyncio.run(holders_of(world, keys)) == [[h2.holder.uri]] * len(keys)
+    return keys
+
+
+PREFIX3 = [(17 * i + 2) % 1900 + 20 for i in range(2 * B)]
+PREFIX4 = [(19 * i + 4) % 1900 + 20 for i in range(2 * B)]
+PREFIX5 = [(23 * i + 6) % 1900 + 20 for i in range(2 * B)]
+
+
+def test_a_corrupted_replica_is_recomputed_and_withdrawn(world: World, engines: dict[str, Engine],
+                                                         h2: FakeHolderThread) -> None:
+    """Block 1's replica serves altered octets of its last layer under a correct Repr-Digest: only its layer
+    digest tells.  vLLM B loads block 0, recomputes block 1 and withdraws the bad replica at the IS."""
+    b = engines["b"]
+    keys = serve_at_fake(world, h2, PREFIX3, [Mode.OK, Mode.CORRUPT_LAYER])
+    reference = b.generate([PREFIX3 + SUFFIX], params={"kvsp_scope": "none"})
+    out = b.generate([PREFIX3 + SUFFIX])
+    assert out["outputs"][0]["kv"]["kvsp"]["hit_tokens"] == len(PREFIX3), (out, b.tail())
+    assert delta(reference, out, "loaded_tokens") == B, (out, b.tail())  # block 0 only
+    assert delta(reference, out, "recomputed_tokens") == B
+    assert delta(reference, out, "digest_failures") == 1
+    assert delta(reference, out, "load_errors") == 1
+    assert out["outputs"][0]["tokens"] == reference["outputs"][0]["tokens"]
+    assert keys[1] in {k for k, _ in h2.holder.gets}
+    listed = asyncio.run(holders_of(world, keys))
+    assert listed and listed[0] == [h2.holder.uri]  # the good replica stays
+    assert len(listed) == 1 or h2.holder.uri not in listed[1], listed  # the bad one is gone (h1 may have B's own)
+
+
+@pytest.mark.parametrize(("mode", "prefix"), [(Mode.STALL, PREFIX4), (Mode.CLOSE_MID_BODY, PREFIX5)],
+                         ids=["stall", "close-mid-body"])
+def test_a_holder_gone_mid_load_means_a_bounded_recompute(world: World, engines: dict[str, Engine],
+                                                          h2: FakeHolderThread, mode: Mode,
+                                                          prefix: list[int]) -> None:
+    """Block 1's transfer starts and breaks (half the body, then a stall or a closed connection): vLLM B
+    recomputes within ``load_timeout_s`` (10 s) and its output equals its own recompute."""
+    b = engines["b"]
+    keys = serve_at_fake(world, h2, prefix, [Mode.OK, mode])
+    reference = b.generate([prefix + SUFFIX], params={"kvsp_scope": "none"})
+    started = time.monotonic()
+    out = b.generate([prefix + SUFFIX])
+    took = time.monotonic() - started
+    assert out["outputs"][0]["kv"]["kvsp"]["hit_tokens"] == len(prefix), (out, b.tail())
+    assert delta(reference, out, "loaded_tokens") + delta(reference, out, "recomputed_tokens") == len(prefix)
+    assert delta(reference, out, "loaded_tokens") <= B  # block 1 never loads
+    assert delta(reference, out, "load_errors") == 1
+    assert out["outputs"][0]["tokens"] == reference["outputs"][0]["tokens"]
+    assert keys[1] in {k for k, _ in h2.holder.gets}
+    assert took < 20.0, took  # load_timeout_s = 10 s, then recompute
+    print(f"{mode.value}: {took:.1f} s, loaded {delta(reference, out, 'loaded_tokens')} tokens")
 
 
 def test_holder_gone_means_recompute(world: World, engines: dict[str, Engine]) -> None:

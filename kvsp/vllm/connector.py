@@ -32,7 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore[
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats  # type: ignore[import-not-found]
 from vllm.model_executor.models.utils import extract_layer_index  # type: ignore[import-not-found]
 
-from kvsp.client.fetch import FetchResult
+from kvsp.client.fetch import FetchResult, Outcome
 from kvsp.container import Geometry, LayerView, encode_parts
 from kvsp.descriptor import CompatDescriptor
 from kvsp.hf.descriptor import descriptor_from_model_dir
@@ -342,7 +342,6 @@ class KvspConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def _finish(self, load: _Load) -> None:
         """After the last layer: the fetch's verdict (Repr-Digest and replica digest come at the end)."""
         spec, b = load.spec, self.config.block_tokens
-        before = self.runtime.client_stats.digest_failures
         result: FetchResult | None = None
         try:
             assert load.future is not None
@@ -364,7 +363,10 @@ class KvspConnector(KVConnectorBase_V1):  # type: ignore[misc]
         planned = (spec.first_block + n) * b - max(start, spec.skip_tokens)
         self.runtime.add(loaded_tokens=loaded, recomputed_tokens=planned - loaded,
                          bytes_in=sum(blk.block.size for blk in result.blocks[:good]) if result else 0,
-                         digest_failures=max(0, self.runtime.client_stats.digest_failures - before))
+                         # from this fetch's own attempts: a mismatch is noted while the layers stream,
+                         # before this method runs, so a snapshot of the shared counter here missed it
+                         digest_failures=sum(a.outcome is Outcome.DIGEST_MISMATCH for a in result.attempts)
+                         if result else 0)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         failed, self._failed_blocks = self._failed_blocks, set()
