@@ -36,9 +36,8 @@ LOOPBACK_MODULES = frozenset({
     "test_holder_publish", "test_holder_restart", "test_http_hygiene_frontend", "test_http_hygiene_instance",
     "test_http_hygiene_pc", "test_http_hygiene_roles", "test_index_http", "test_instance_http",
     "test_instance_migration", "test_instance_moqt", "test_instance_reshard", "test_moqt_kvsp", "test_moqt_perf_fetch",
-    "test_moqt_perf_gso",
-    "test_moqt_pubsub", "test_moqt_quic", "test_pc_http", "test_pc_http_reshard", "test_pki", "test_relay",
-    "test_relay_holder", "test_tiers_torch", "test_workload",
+    "test_moqt_perf_gso", "test_moqt_pubsub", "test_moqt_quic", "test_pc_http", "test_pc_http_reshard", "test_pki",
+    "test_ports", "test_relay", "test_relay_holder", "test_tiers_torch", "test_workload",
 })
 
 
