@@ -27,8 +27,8 @@ settings.load_profile("kvsp")
 
 KINDS = ("unit", "loopback", "process", "interop")
 PROCESS_MODULES = frozenset({
-    "test_benchmarks", "test_cli", "test_hf_descriptor", "test_import_clean", "test_instance_hf", "test_layers",
-    "test_system_failover", "test_system_prefetch", "test_system_reshard", "test_vllm",
+    "test_benchmarks", "test_cli", "test_deploy_redis", "test_hf_descriptor", "test_import_clean", "test_instance_hf",
+    "test_layers", "test_system_failover", "test_system_prefetch", "test_system_reshard", "test_vllm",
 })
 LOOPBACK_MODULES = frozenset({
     "test_authz_pc", "test_authz_replicas", "test_authz_replicas_relay", "test_client_doubles", "test_client_e2e",

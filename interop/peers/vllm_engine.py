@@ -1,13 +1,18 @@
-"""A vLLM engine for tests/test_vllm.py, run by the .venv-vllm interpreter: JSON lines on stdin and stdout.
+"""A vLLM engine driven by interop.vllm.VllmEngine, run by the .venv-vllm interpreter: JSON lines on stdio.
 
-    python engine.py MODEL_DIR CONFIG.toml|none
+    python vllm_engine.py MODEL_DIR CONFIG.toml|none [--max-model-len N] [--max-num-seqs N]
+                          [--max-num-batched-tokens N]
     -> {"ready": true}  |  {"error": "..."} and exit status 3 when vLLM (or the connector) refuses to start
     <- {"op": "generate", "prompts": [[ids]], "max_tokens": 8, "cache_salt": null, "params": null, "logprobs": 0}
-    -> {"outputs": [{"tokens": [...], "logprobs": [[[id, lp], ...], ...], "kv": {...}}], "stats": {...}}
+    -> {"outputs": [{"tokens": [...], "logprobs": [[[id, lp], ...], ...], "kv": {...}}], "stats": {...},
+        "elapsed_s": 0.123}
     <- {"op": "drain"}  -> {"stats": {...}}     (waits for the connector's stores in flight)
     <- {"op": "quit"}
 
 vLLM runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the connector's counters are read here.
+``elapsed_s`` is the wall time of the ``llm.generate`` call alone (with ``max_tokens`` 1: the prefill and
+the first token, the TTFT benchmarks/bench_vllm.py reports), measured here so that neither the pipes nor
+the JSON count.  The options size vLLM (defaults: 1024, 4 and vLLM's own); every other setting is fixed.
 The JSON lines go out on a private copy of fd 1; fd 1 itself is pointed at stderr (the log), because vLLM's
 logger and its C++ code write to stdout, and log lines interleaved with the answers made the test's reader
 wait for an answer that already sat in its buffer (the start-up "stall" of issue 15).
@@ -15,9 +20,11 @@ wait for an answer that already sat in its buffer (the start-up "stall" of issue
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
+import time
 from typing import Any
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -46,20 +53,33 @@ def stats() -> dict[str, int]:
     return out
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="vllm_engine.py")
+    parser.add_argument("model")
+    parser.add_argument("config")
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--max-num-seqs", type=int, default=4)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    return parser.parse_args(argv)
+
+
 def main() -> int:
-    model, config = sys.argv[1], sys.argv[2]
+    args = parse_args(sys.argv[1:])
+    model, config = args.model, args.config
     from vllm import LLM, SamplingParams  # noqa: PLC0415 - after the __main__ guard: vLLM spawns
     from vllm.config import KVTransferConfig  # noqa: PLC0415 - as above
 
     kw: dict[str, Any] = {}
+    if args.max_num_batched_tokens is not None:
+        kw["max_num_batched_tokens"] = args.max_num_batched_tokens
     if config != "none":
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="KvspConnector", kv_connector_module_path="kvsp.vllm", kv_role="kv_both",
             kv_load_failure_policy="recompute", kv_connector_extra_config={"kvsp_config": config})
     try:
-        llm = LLM(model=model, dtype="float32", block_size=32, enforce_eager=True, max_model_len=1024,
+        llm = LLM(model=model, dtype="float32", block_size=32, enforce_eager=True, max_model_len=args.max_model_len,
                   gpu_memory_utilization=float(os.environ.get("KVSP_VLLM_MEMORY", "0.1")),
-                  enable_prefix_caching=False, max_num_seqs=4, **kw)
+                  enable_prefix_caching=False, max_num_seqs=args.max_num_seqs, **kw)
     except Exception as exc:
         say({"error": f"{type(exc).__name__}: {exc}"})
         return 3
@@ -84,13 +104,15 @@ def main() -> int:
             if cmd.get("cache_salt"):
                 p["cache_salt"] = cmd["cache_salt"]
             prompts.append(p)
+        started = time.perf_counter()
         results = llm.generate(prompts, sp, use_tqdm=False)
+        elapsed = time.perf_counter() - started
         outputs = []
         for r in results:
             o = r.outputs[0]
             lps = [[[int(t), float(v.logprob)] for t, v in step.items()] for step in (o.logprobs or [])]
             outputs.append({"tokens": list(o.token_ids), "logprobs": lps, "kv": r.kv_transfer_params})
-        say({"outputs": outputs, "stats": stats()})
+        say({"outputs": outputs, "stats": stats(), "elapsed_s": elapsed})
     return 0
 
 
