@@ -11,25 +11,37 @@ is killed at teardown.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import aiohttp
 import pytest
 
-from control.deploy.configs import HolderSection, IndexSection, PolicyFile, RoleFile, ScopeEntry, Tls
+from control.deploy.configs import (
+    HolderSection,
+    IndexSection,
+    InstanceSection,
+    PolicyFile,
+    RelaySection,
+    RoleFile,
+    ScopeEntry,
+    Tls,
+)
+from control.deploy.doubles import pc_double
 from control.deploy.pki import DevPki
-from control.deploy.ports import free_port
+from control.deploy.ports import free_port, free_udp_port
 from control.deploy.processes import serve, stop_all, wait_listening
-from interop.vllm import MAX_TOKENS, VllmUnavailable, ensure_vllm_python
+from interop.vllm import MAX_TOKENS, STEP_S, VllmUnavailable, ensure_vllm_python
 from interop.vllm import VllmEngine as Engine
 from kvsp.client.fetch import BlockFetcher, FetchOptions
-from kvsp.client.holder import HolderClient
 from kvsp.client.index import IndexClient
 from kvsp.container import decode_container, encode_container, replica_digest
 from kvsp.engine import LayerKv, greedy_sampler
@@ -43,6 +55,7 @@ from kvsp.tensors import section_view
 from tests.support.client_doubles import FakeHolder, Mode
 
 REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 B = 32
 SHAPE = ModelShape()  # 4 layers, 2 KV heads of 32: vLLM's CPU attention takes head size 32
 PREFIX = [(7 * i + 3) % 1900 + 20 for i in range(4 * B)]  # four blocks
@@ -67,24 +80,38 @@ class World:
     def __init__(self, tmp: Path, python: Path) -> None:
         self.tmp, self.python = tmp, python
         self.model = init_model(tmp / "model", SHAPE)
-        self.pki = DevPki.make(tmp, ["is", "h1", "h2", "va", "vb", "vc"])
+        self.pki = DevPki.make(tmp, ["is", "h1", "h2", "r1", "ii", "pc", "va", "vb", "vc", "vd"])
         self.descriptor = descriptor_from_model_dir(self.model, block_tokens=B, kv_dtype="fp32")
         (tmp / "model.json").write_text(json.dumps(self.descriptor.to_json()))
         self.keys = {"a": ScopeKey.generate(), "b": ScopeKey.generate()}
         for name, key in self.keys.items():
             (tmp / f"{name}.key").write_text(key.secret().hex())
-        engines = [self.pki.uri(n) for n in ("va", "vb", "vc")]
+        engines = [self.pki.uri(n) for n in ("va", "vb", "vc", "vd")]
         # h2 is a fake holder (tests/support/client_doubles.py) run in this process; engines may act for
         # it at the IS, so that a client's withdrawal of one of its bad replicas is authorized
         holders = [self.pki.uri("h1"), self.pki.uri("h2")]
-        PolicyFile(scopes=[ScopeEntry.open_to(self.keys["a"].scope_id, [*engines, *holders]),
+        # ii: a `kvsp serve instance,holder` on the HF engine (the PC is a double in this process)
+        kvsp_side = [self.pki.uri("ii"), self.pki.uri("pc")]
+        PolicyFile(self.pki.uri("pc"),
+                   scopes=[ScopeEntry.open_to(self.keys["a"].scope_id, [*engines, *holders, *kvsp_side]),
                            ScopeEntry.open_to(self.keys["b"].scope_id, [self.pki.uri("va"), self.pki.uri("h1")])],
                    publish_for={u: holders for u in engines}).write(tmp / "policy.toml")
         RoleFile(["is"], self.pki.uri("is"), Tls.of("is"), "policy.toml",
                  sections=[IndexSection(descriptors=["model.json"])]).write(tmp / "is.toml")
+        # h1 publishes its blocks over MOQT through the rack relay r1 too (decision D4): its moqt records name r1
+        h1_moqt, relay_port = free_udp_port(), free_udp_port()
+        self.relay = f"moqt://127.0.0.1:{relay_port}/r1"
+        RoleFile(["relay"], self.pki.uri("r1"), Tls.of("r1"), "policy.toml", sections=[RelaySection(
+            listen=f"127.0.0.1:{relay_port}", uri=self.relay, cache_octets=64 << 20)]).write(tmp / "r1.toml")
         RoleFile(["holder"], self.pki.uri("h1"), Tls.of("h1"), "policy.toml",
-                 sections=[HolderSection(index=self.pki.uri("is"), descriptors=["model.json"],
-                                         replica_ttl_ms=120_000)]).write(tmp / "h1.toml")
+                 sections=[HolderSection(index=self.pki.uri("is"), descriptors=["model.json"], replica_ttl_ms=120_000,
+                                         moqt_listen=f"127.0.0.1:{h1_moqt}", moqt_uri=f"moqt://127.0.0.1:{h1_moqt}/h1",
+                                         moqt_relay=self.relay)]).write(tmp / "h1.toml")
+        RoleFile(["instance", "holder"], self.pki.uri("ii"), Tls.of("ii"), "policy.toml", sections=[
+            HolderSection(index=self.pki.uri("is"), descriptors=["model.json"], replica_ttl_ms=120_000),
+            InstanceSection(pc=self.pki.uri("pc"), index=self.pki.uri("is"), engine=f"hf:{self.model}",
+                            scope_keys={self.keys["a"].scope_id.hex(): "a.key"}, hf_chunk_tokens=B,
+                            layerwise=True)]).write(tmp / "ii.toml")
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.engines: list[Engine] = []
 
@@ -124,6 +151,7 @@ def world(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     w = World(tmp_path_factory.mktemp("vllm"), vllm_python)
     try:
         w.start_role("is", "is")
+        w.start_role("r1", "relay")  # before its publisher
         w.start_role("h1", "holder")
         yield w
     finally:
@@ -132,10 +160,11 @@ def world(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture(scope="module")
 def engines(world: World) -> dict[str, Engine]:
-    """vLLM A (scopes a and b) and B (scope a), started side by side, plus C with a dead IS."""
+    """vLLM A (scopes a and b) and B (scope a), plus C with a dead IS and D reading over MOQT through r1."""
     dead_is = f"https://127.0.0.1:{free_port()}/is/"
     configs = {"a": ("va", world.config("va", scopes=("a", "b"))), "b": ("vb", world.config("vb")),
-               "c": ("vc", world.config("vc", index=dead_is))}
+               "c": ("vc", world.config("vc", index=dead_is)),
+               "d": ("vd", world.config("vd", extra=f'[moqt]\nfetch = true\nrelay = "{world.relay}"'))}
     started: dict[str, Engine] = {}
     for name, (who, config) in configs.items():  # one at a time: two cores
         started[name] = engine = world.engine(who, config)
@@ -215,15 +244,6 @@ async def fetch_blocks(world: World, keys: Sequence[bytes]) -> list[list[LayerKv
                 for blk in result.blocks]
 
 
-async def store_blocks(world: World, engine: Any, keys: Sequence[bytes]) -> None:
-    async with world.pki.session("va") as session:
-        holder = HolderClient(session)
-        for i, key in enumerate(keys):
-            layers = engine.export_kv(i, (0, SHAPE.layers - 1))
-            body = encode_container(Codec.RAW, 0, B, [(lk.k, lk.v) for lk in layers])
-            await holder.put_block(world.pki.uri("h1"), world.descriptor.compat_id, world.keys["a"].scope_id, key, body)
-
-
 def kv_diff(engine: Any, blocks: Sequence[Sequence[LayerKv]]) -> dict[str, float]:
     """Largest |K| and |V| difference per layer between ``blocks`` and the HF engine's own KV of those blocks."""
     out: dict[str, float] = {}
@@ -246,32 +266,98 @@ def logprob_diff(ours: Sequence[Sequence[Sequence[float]]], theirs: Sequence[Seq
     return worst
 
 
-def test_cross_engine_both_directions(world: World, engines: dict[str, Engine]) -> None:
-    """vLLM's blocks feed the HF engine, HF's feed vLLM; each engine's greedy tokens equal its own recompute."""
+@pytest.fixture(scope="module")
+def hf_instance(world: World) -> Iterator[str]:
+    """``ii``: a `kvsp serve instance,holder` process on the HF engine (chunks of B, layer-wise loads); the
+    PC is a double served from a loop thread of this process (the instance reports to it and awaits its
+    checkpoint acks)."""
+    pc = LoopThread()
+    try:
+        pc.enter(pc_double(world.pki))
+        world.start_role("ii", "instance,holder")
+        yield world.pki.uri("ii")
+    finally:
+        proc = world.procs.pop("ii", None)
+        if proc is not None:
+            stop_all([proc])
+        pc.close()
+
+
+async def instance_generate(world: World, prompt: Sequence[int], n: int) -> list[int]:
+    """A greedy session on ``ii``: started as the PC would, its tokens read as a front end would (vB)."""
+    session = str(uuid.uuid4())
+    uri = world.pki.uri("ii")
+    body = {"session": session, "epoch": 1, "scope_id": world.keys["a"].scope_id.hex(),
+            "compat_id": world.descriptor.compat_id.hex(), "prompt": list(prompt), "max_tokens": n,
+            "sampler": greedy_sampler().to_json()}
+    tokens: list[int] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=world.pki.client_ssl("pc"))) as as_pc, \
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=world.pki.client_ssl("vb"))) as as_fe:
+        async with as_pc.post(uri + f"sessions/{session}/start", json=body) as resp:
+            assert resp.status == 202, await resp.text()
+        async with asyncio.timeout(STEP_S), as_fe.get(uri + f"sessions/{session}/tokens") as resp:
+            while line := await resp.content.readline():
+                event = json.loads(line)
+                if event.get("end"):
+                    return tokens
+                tokens.append(event["token"])
+    raise AssertionError("the token stream ended without an end line")
+
+
+async def instance_metric(world: World, line: str) -> float:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=world.pki.client_ssl("pc"))) as http, \
+            http.get(world.pki.uri("ii") + "metrics") as resp:
+        text = await resp.text()
+    return next((float(t.split()[-1]) for t in text.splitlines() if t.startswith(line + " ")), 0.0)
+
+
+def wait_listed(world: World, keys: Sequence[bytes], holder: str, timeout: float = 30.0) -> None:
+    """Until the IS lists ``holder`` for every key of ``keys``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = asyncio.run(holders_of(world, keys))
+        if len(listed) == len(keys) and all(holder in group for group in listed):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the IS does not list {holder} for all {len(keys)} keys: {listed}")
+
+
+REMOTE_TOKENS = 'kvsp_instance_tokens_fetched_total{source="remote"}'
+TAIL2 = [(31 * i + 9) % 1900 + 20 for i in range(7)]  # ii's prompt PREFIX2 + TAIL2 completes no 4th block
+
+
+def test_cross_engine_both_directions(world: World, engines: dict[str, Engine], hf_instance: str) -> None:
+    """vLLM's blocks feed a `kvsp serve instance` on the HF engine, the instance's feed vLLM; each engine's
+    greedy tokens equal its own recompute.  The float differences are measured and printed."""
     b = engines["b"]
-    model = HfModel.load(world.model, block_tokens=B, kv_dtype="fp32")
+    model = HfModel.load(world.model, block_tokens=B, kv_dtype="fp32", chunk_tokens=B)  # the instance's kernels
     chain = BlockKeyChain(world.keys["a"], world.descriptor.compat_id, B)
-    # vLLM -> HF: A stored PREFIX's blocks (first test); the HF engine loads them
+    # vLLM -> HF: A stored PREFIX's blocks at h1 (first test); the instance loads them and continues
     keys = list(chain.extend(PREFIX))
-    loaded = asyncio.run(fetch_blocks(world, keys))
-    assert len(loaded) == len(PREFIX) // B
     hf_ref, (ref_engine, ref_logits) = hf_greedy(model, PREFIX + SUFFIX, MAX_TOKENS)
+    before = asyncio.run(instance_metric(world, REMOTE_TOKENS))
+    assert asyncio.run(instance_generate(world, PREFIX + SUFFIX, MAX_TOKENS)) == hf_ref
+    # every complete block of the prompt was computed by vLLM: PREFIX's four by A, the fifth by B (first test)
+    assert asyncio.run(instance_metric(world, REMOTE_TOKENS)) - before == len(PREFIX + SUFFIX) // B * B
+    # the size of the difference, in this process: vLLM's K and V against HF's own, and the logits over them
+    loaded = asyncio.run(fetch_blocks(world, keys))
     diffs = kv_diff(ref_engine, loaded)
     hf_hit, (_, hit_logits) = hf_greedy(model, PREFIX + SUFFIX, MAX_TOKENS, loaded)
-    assert max(diffs.values()) < 1e-3, diffs  # vLLM's K and V of PREFIX are HF's, up to float rounding
+    assert max(diffs.values()) < 1e-3, diffs  # up to float rounding
     assert hf_hit == hf_ref, diffs
     vllm_ref = b.generate([PREFIX + SUFFIX], params={"kvsp_scope": "none"}, logprobs=5)
-    diff = float(abs(hit_logits - ref_logits).max())
-    record = {"hf_logit_diff_with_vllm_blocks": diff, "kv_diff_vllm_vs_hf": max(diffs.values()), "hf_tokens": hf_ref,
-              "vllm_tokens": vllm_ref["outputs"][0]["tokens"]}
-    # HF -> vLLM: the HF engine computes PREFIX2 and its blocks are stored at h1 (published to the IS)
-    _, (hf_engine, _) = hf_greedy(model, PREFIX2 + SUFFIX, 1)
+    record: dict[str, object] = {
+        "hf_logit_diff_with_vllm_blocks": float(abs(hit_logits - ref_logits).max()),
+        "kv_diff_vllm_vs_hf": max(diffs.values()), "hf_tokens": hf_ref,
+        "vllm_tokens": vllm_ref["outputs"][0]["tokens"]}
+    # HF -> vLLM: the instance computes PREFIX2 (+ a tail) and its holder role publishes the blocks
+    assert asyncio.run(instance_generate(world, PREFIX2 + TAIL2, MAX_TOKENS)) == hf_greedy(
+        model, PREFIX2 + TAIL2, MAX_TOKENS)[0]
     keys2 = list(BlockKeyChain(world.keys["a"], world.descriptor.compat_id, B).extend(PREFIX2))
-    asyncio.run(store_blocks(world, hf_engine, keys2))
-    time.sleep(0.5)
+    wait_listed(world, keys2, hf_instance)
     reference = b.generate([PREFIX2 + SUFFIX], params={"kvsp_scope": "none"}, logprobs=5)
     hit = b.generate([PREFIX2 + SUFFIX], logprobs=5)
-    assert delta(reference, hit, "loaded_tokens") == len(PREFIX2), hit
+    assert delta(reference, hit, "loaded_tokens") == len(PREFIX2), (hit, b.tail())
     assert hit["outputs"][0]["tokens"] == reference["outputs"][0]["tokens"]
     record["vllm_tokens_equal_with_hf_blocks"] = True
     record["vllm_logprob_diff_with_hf_blocks"] = logprob_diff(reference["outputs"][0]["logprobs"],
@@ -281,24 +367,75 @@ def test_cross_engine_both_directions(world: World, engines: dict[str, Engine]) 
     print("cross-engine:", json.dumps(record))
 
 
-class FakeHolderThread:
-    """A `FakeHolder` (real mutual TLS, misbehaving per block key) served from an event loop of its own thread."""
+PREFIX6 = [(29 * i + 8) % 1900 + 20 for i in range(3 * B)]
 
-    def __init__(self, world: World, name: str) -> None:
+
+async def relay_stats(world: World) -> dict[str, float]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=world.pki.client_ssl("vd"))) as http, \
+            http.get(world.pki.uri("r1") + "relay/stats") as resp:
+        resp.raise_for_status()
+        body: dict[str, float] = await resp.json()
+        return body
+
+
+def test_moqt_fetch_through_the_relay(world: World, engines: dict[str, Engine]) -> None:
+    """vLLM D reads h1's blocks over MOQT through the rack relay r1; a second load is the relay's cache hit."""
+    a, d = engines["a"], engines["d"]
+    assert a.generate([PREFIX6])["outputs"][0]["tokens"]
+    assert a.ask(op="drain")["stats"]["store_errors"] == 0
+    keys = list(BlockKeyChain(world.keys["a"], world.descriptor.compat_id, B).extend(PREFIX6))
+    wait_listed(world, keys, world.relay)  # h1 published through r1: its moqt records name the relay
+    reference = d.generate([PREFIX6 + SUFFIX], params={"kvsp_scope": "none"})
+    before = asyncio.run(relay_stats(world))
+    hit = d.generate([PREFIX6 + SUFFIX])
+    after = asyncio.run(relay_stats(world))
+    assert delta(reference, hit, "loaded_tokens") == len(PREFIX6), (hit, d.tail())
+    assert delta(reference, hit, "blocks_moqt") == len(keys) and delta(reference, hit, "blocks_https") == 0
+    assert delta(reference, hit, "digest_failures") == 0
+    assert hit["outputs"][0]["tokens"] == reference["outputs"][0]["tokens"]
+    assert after["bytes_out"] - before["bytes_out"] >= delta(reference, hit, "bytes_in") * 0.9  # KV, not headers
+    assert after["cache_misses"] > before["cache_misses"]  # the relay fetched from h1 once
+    again = d.generate([PREFIX6 + SUFFIX])  # D stored the fourth block it computed: now all four are hits
+    assert delta(hit, again, "blocks_moqt") == len(PREFIX6 + SUFFIX) // B
+    assert asyncio.run(relay_stats(world))["cache_hits"] >= after["cache_hits"] + len(keys)  # PREFIX6's from r1
+    assert again["outputs"][0]["tokens"] == reference["outputs"][0]["tokens"]
+
+
+class LoopThread:
+    """An event loop on a thread of its own: servers of this process that outlive one ``asyncio.run``."""
+
+    def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.holder = self.call(FakeHolder(world.pki, name).start())
+        self._stack = contextlib.AsyncExitStack()
 
-    def call(self, work: Coroutine[Any, Any, Any], timeout: float = 30.0) -> Any:
+    def call(self, work: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         return asyncio.run_coroutine_threadsafe(work, self.loop).result(timeout)
+
+    def enter(self, context: contextlib.AbstractAsyncContextManager[T]) -> T:
+        return self.call(self._stack.enter_async_context(context))
+
+    def close(self) -> None:
+        try:
+            self.call(self._stack.aclose())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+
+
+class FakeHolderThread(LoopThread):
+    """A `FakeHolder` (real mutual TLS, misbehaving per block key) served from its own loop thread."""
+
+    def __init__(self, world: World, name: str) -> None:
+        super().__init__()
+        self.holder = self.call(FakeHolder(world.pki, name).start())
 
     def close(self) -> None:
         try:
             self.call(self.holder.stop())
         finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(timeout=10)
+            super().close()
 
 
 @pytest.fixture(scope="module")
@@ -409,12 +546,15 @@ def test_a_holder_gone_mid_load_means_a_bounded_recompute(world: World, engines:
 
 
 def test_holder_gone_means_recompute(world: World, engines: dict[str, Engine]) -> None:
-    """The IS still lists h1's replicas, but h1 is dead: every fetch fails fast and vLLM recomputes."""
+    """The IS still lists the replicas of h1 (and of the HF instance, which holds PREFIX too), but both are
+    dead: every fetch fails fast and vLLM recomputes."""
     b = engines["b"]
     prompt = PREFIX + SUFFIX + SUFFIX
     reference = b.generate([prompt], params={"kvsp_scope": "none"})
-    world.procs["h1"].kill()
-    world.procs["h1"].wait(timeout=30)
+    for name in ("h1", "ii"):
+        if name in world.procs:
+            world.procs[name].kill()
+            world.procs[name].wait(timeout=30)
     before = b.ask(op="drain")
     out = b.generate([prompt])
     assert out["outputs"][0]["kv"]["kvsp"]["hit_tokens"] >= len(PREFIX)  # planned from the IS's records

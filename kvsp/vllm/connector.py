@@ -38,6 +38,7 @@ from kvsp.descriptor import CompatDescriptor
 from kvsp.hf.descriptor import descriptor_from_model_dir
 from kvsp.keys import BlockKeyChain
 from kvsp.records import LookupRequest, ReplicaRecord
+from kvsp.records.base import uri_scheme
 from kvsp.registry import Codec
 from kvsp.tensors import kv_dtype_of, section_octets, section_view
 from kvsp.vllm.config import CONFIG_KEY, ConnectorConfig, load_config
@@ -361,8 +362,11 @@ class KvspConnector(KVConnectorBase_V1):  # type: ignore[misc]
         start = spec.first_block * b
         loaded = max(0, (spec.first_block + good) * b - max(start, spec.skip_tokens))
         planned = (spec.first_block + n) * b - max(start, spec.skip_tokens)
+        used = result.blocks[:good] if result is not None else ()
         self.runtime.add(loaded_tokens=loaded, recomputed_tokens=planned - loaded,
-                         bytes_in=sum(blk.block.size for blk in result.blocks[:good]) if result else 0,
+                         bytes_in=sum(blk.block.size for blk in used),
+                         blocks_https=sum(uri_scheme(blk.replica.holder) == "https" for blk in used),
+                         blocks_moqt=sum(uri_scheme(blk.replica.holder) == "moqt" for blk in used),
                          # from this fetch's own attempts: a mismatch is noted while the layers stream,
                          # before this method runs, so a snapshot of the shared counter here missed it
                          digest_failures=sum(a.outcome is Outcome.DIGEST_MISMATCH for a in result.attempts)

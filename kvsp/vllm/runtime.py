@@ -39,6 +39,8 @@ class ConnectorStats:
     hit_tokens: int = 0  # tokens the scheduler side planned to load
     loaded_tokens: int = 0  # tokens copied into the paged cache from verified blocks
     recomputed_tokens: int = 0  # planned tokens that failed to load (vLLM recomputed them)
+    blocks_https: int = 0  # loaded blocks by transport: GET from a holder
+    blocks_moqt: int = 0  # FETCH over MOQT (from a publisher, or through the rack relay)
     bytes_in: int = 0
     bytes_out: int = 0
     stored_blocks: int = 0
