@@ -135,8 +135,8 @@ class World:
         path.write_text("\n".join(lines) + "\n")
         return path
 
-    def engine(self, who: str, config: Path | None) -> Engine:
-        engine = Engine(self.python, self.model, config, self.tmp / f"{who}-{len(self.engines)}.log")
+    def engine(self, who: str, config: Path | None, *args: str) -> Engine:
+        engine = Engine(self.python, self.model, config, self.tmp / f"{who}-{len(self.engines)}.log", *args)
         self.engines.append(engine)
         return engine
 
@@ -160,14 +160,16 @@ def world(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture(scope="module")
 def engines(world: World) -> dict[str, Engine]:
-    """vLLM A (scopes a and b) and B (scope a), plus C with a dead IS and D reading over MOQT through r1."""
+    """vLLM A (scopes a and b) and B (scope a), plus C with a dead IS, and D, which reads over MOQT through r1
+    and prefills in chunks of two blocks per scheduler step."""
     dead_is = f"https://127.0.0.1:{free_port()}/is/"
-    configs = {"a": ("va", world.config("va", scopes=("a", "b"))), "b": ("vb", world.config("vb")),
-               "c": ("vc", world.config("vc", index=dead_is)),
-               "d": ("vd", world.config("vd", extra=f'[moqt]\nfetch = true\nrelay = "{world.relay}"'))}
+    moqt = f'[moqt]\nfetch = true\nrelay = "{world.relay}"'
+    configs = {"a": ("va", world.config("va", scopes=("a", "b")), ()), "b": ("vb", world.config("vb"), ()),
+               "c": ("vc", world.config("vc", index=dead_is), ()),
+               "d": ("vd", world.config("vd", extra=moqt), ("--max-num-batched-tokens", str(2 * B)))}
     started: dict[str, Engine] = {}
-    for name, (who, config) in configs.items():  # one at a time: two cores
-        started[name] = engine = world.engine(who, config)
+    for name, (who, config, args) in configs.items():  # one at a time: two cores
+        started[name] = engine = world.engine(who, config, *args)
         assert engine.ready() == {"ready": True}, f"vLLM {name}: {engine.tail()}"
     return started
 
@@ -399,6 +401,26 @@ def test_moqt_fetch_through_the_relay(world: World, engines: dict[str, Engine]) 
     assert delta(hit, again, "blocks_moqt") == len(PREFIX6 + SUFFIX) // B
     assert asyncio.run(relay_stats(world))["cache_hits"] >= after["cache_hits"] + len(keys)  # PREFIX6's from r1
     assert again["outputs"][0]["tokens"] == reference["outputs"][0]["tokens"]
+
+
+PREFIX7 = [(37 * i + 10) % 1900 + 20 for i in range(5 * B)]
+
+
+def test_a_prompt_prefilled_over_several_steps_stores_every_block(engines: dict[str, Engine]) -> None:
+    """D prefills 64 tokens per step, so a five-block prompt takes three steps: every complete block is stored
+    (read from the paged cache in the step that completes the prompt), and B's load of them gives B's own
+    output.  (D's loads over several steps are the MOQT test's.)"""
+    b, d = engines["b"], engines["d"]
+    before = d.ask(op="drain")
+    assert d.generate([PREFIX7])["outputs"][0]["tokens"]
+    after = d.ask(op="drain")
+    assert delta(before, after, "stored_blocks") == len(PREFIX7) // B, after
+    assert delta(before, after, "store_errors") == 0
+    reference = b.generate([PREFIX7 + SUFFIX], params={"kvsp_scope": "none"})
+    hit = b.generate([PREFIX7 + SUFFIX])
+    assert delta(reference, hit, "loaded_tokens") == len(PREFIX7), (hit, b.tail())
+    assert delta(reference, hit, "digest_failures") == 0
+    assert hit["outputs"][0]["tokens"] == reference["outputs"][0]["tokens"]
 
 
 class LoopThread:
