@@ -71,7 +71,8 @@ async def test_happy_path(doubles: Doubles, make_fetcher: object) -> None:
         assert [v.layer for v in block.layers] == list(range(LAYERS))
         assert block.block.replica_verified
     holder = doubles["h1"]
-    assert len(holder.leases) == 3 and sorted(holder.released) == sorted(holder.leases)  # all released
+    # one lease for the three blocks of h1 (section 6.6 leases a list of keys), released afterwards
+    assert list(holder.leases.values()) == [tuple(keys(3))] and holder.released == list(holder.leases)
     stats = fetcher.stats
     assert (stats.fetched_blocks, stats.fetched_tokens, stats.recomputed_tokens) == (3, 3 * TOKENS, 0)
     assert stats.hit_ratio == 1.0 and stats.digest_failures == 0
@@ -223,6 +224,33 @@ async def test_dead_holder_and_moqt_replicas(doubles: Doubles, make_fetcher: obj
     assert result.loaded_blocks == 1 and result.blocks[0].replica.holder == doubles["h2"].uri
     assert [a[1] for a in outcomes(result)] == [dead.holder, doubles["h2"].uri]
     assert fetcher.stats.transport_failures == 1
+
+
+async def test_a_refused_batch_lease_falls_back_to_one_lease_per_block(doubles: Doubles,
+                                                                         make_fetcher: object) -> None:
+    """The IS lists three blocks at h1, but h1 lost block 1: the one lease for all three is a 404, so each
+    block is leased alone; block 0 loads, block 1 is a miss and ends the prefix."""
+    for i in range(3):
+        publish(doubles, i, "h1")
+    holder = doubles["h1"]
+    del holder.blocks[key_of(1)]
+    result = await make_fetcher().fetch(SCOPE, COMPAT, keys(3), block_tokens=TOKENS)  # type: ignore[operator]
+    assert result.loaded_blocks == 1
+    leased = list(holder.leases.values())  # the batch was refused (no lease id): one lease per block after it
+    assert (key_of(0),) in leased and all(len(k) == 1 for k in leased)  # block 2 may be leased before 1 fails
+    block0 = next(i for i, k in holder.leases.items() if k == (key_of(0),))
+    assert block0 in holder.released  # (block 2's, when its grant raced the cancellation, lapses by its TTL)
+    assert (1, holder.uri, Outcome.MISS) in outcomes(result)
+
+
+async def test_blocks_at_two_holders_get_one_lease_each(doubles: Doubles, make_fetcher: object) -> None:
+    for i in range(4):
+        publish(doubles, i, "h1" if i % 2 == 0 else "h2")
+    result = await make_fetcher().fetch(SCOPE, COMPAT, keys(4), block_tokens=TOKENS)  # type: ignore[operator]
+    assert result.loaded_blocks == 4
+    assert list(doubles["h1"].leases.values()) == [(key_of(0), key_of(2))]
+    assert list(doubles["h2"].leases.values()) == [(key_of(1), key_of(3))]
+    assert all(d.released == list(d.leases) for d in (doubles["h1"], doubles["h2"]))
 
 
 async def test_lease_quota(doubles: Doubles, make_fetcher: object) -> None:
