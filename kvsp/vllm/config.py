@@ -15,6 +15,7 @@ TOML file.  Scope Keys are read from their files here and never logged (decision
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ class ConnectorConfig:
     load: bool = True
     moqt: MoqtConfig = MoqtConfig()
     metrics_listen: str | None = None  # host:port for a plain Prometheus text endpoint (loopback only)
+    source: Path | None = None  # the TOML file it was read from
 
     def scope_for(self, cache_salt: str | None, params: Mapping[str, object] | None) -> ScopeConfig | None:
         """The request's scope: ``kv_transfer_params["kvsp_scope"]``, else its ``cache_salt``, else the default.
@@ -93,7 +95,7 @@ def load_config(path: Path | str) -> ConnectorConfig:
         raise ValidationError("kvsp_config", f"cannot read {file}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ValidationError("kvsp_config", f"{file} is not TOML: {exc}") from exc
-    return parse_config(raw, file.parent)
+    return dataclasses.replace(parse_config(raw, file.parent), source=file)
 
 
 def parse_config(raw: Mapping[str, object], base: Path) -> ConnectorConfig:

@@ -168,6 +168,10 @@ class KvspConnector(KVConnectorBase_V1):  # type: ignore[misc]
             log.warning("kvsp: setting kv_load_failure_policy = 'recompute' (a failed load is recomputed)")
             transfer.kv_load_failure_policy = "recompute"
         self.runtime = _runtime(self._config_path, self.config, self.geometry)
+        self._side = "scheduler" if role == KVConnectorRole.SCHEDULER else "worker"
+        self.runtime.roles.add(self._side)
+        if self._side == "scheduler":
+            self.runtime.serve_metrics()
         self._requests: dict[str, RequestState] = {}
         self._lookups: dict[str, concurrent.futures.Future[tuple[tuple[bytes, ...], ...]]] = {}
         self._paged: dict[str, PagedLayer] = {}
@@ -417,6 +421,10 @@ class KvspConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     # -- counters ----------------------------------------------------------------------------------
     def get_kv_connector_stats(self) -> KvspConnectorStats | None:
+        """This side's counter deltas since the last call.  With both sides in one process the runtime (and
+        so its counters) is shared: the worker side reports for both, or vLLM would count everything twice."""
+        if self._side == "scheduler" and "worker" in self.runtime.roles:
+            return None
         now = self.runtime.stats.as_dict()
         delta = {k: v - self._reported.get(k, 0) for k, v in now.items()}
         self._reported = now

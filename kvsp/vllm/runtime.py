@@ -12,12 +12,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import hashlib
+import json
+import os
+import tempfile
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from kvsp.client.fetch import BlockFetcher, ClientStats, FetchOptions
 from kvsp.client.holder import HolderClient, HolderOptions
@@ -66,11 +73,10 @@ class Runtime:
         self._lock = threading.Lock()
         self._pending: set[concurrent.futures.Future[None]] = set()
         self.registry = CollectorRegistry()
-        self._prom = {name: Counter(f"kvsp_vllm_{name}", f"kvsp connector: {name.replace('_', ' ')}",
-                                    registry=self.registry) for name in self.stats.as_dict()}
-        if config.metrics_listen is not None:
-            host, _, port = config.metrics_listen.rpartition(":")
-            start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+        self.registry.register(_Collector(self))
+        self.roles: set[str] = set()  # the connector sides ("scheduler", "worker") of this process using it
+        self._metrics_served = False
+        self.shared = shared_counters_dir(config)
         self.session, self.fetcher, self.holder = self.run(self._clients(geometry), timeout=30.0)
         _PROCESS.append(self)
 
@@ -90,12 +96,38 @@ class Runtime:
                                stats=self.client_stats)
         return session, fetcher, holder
 
+    def serve_metrics(self) -> None:
+        """Start the Prometheus endpoint (``metrics_listen``), once; the scheduler side calls it.  Under
+        ``vllm serve`` the scheduler and the workers are separate processes, each with its runtime: a
+        second bind of the port would stop vLLM, and vLLM hands the workers' stats to the scheduler only
+        with the next step (an idle server would never show its last stores).  So a worker process writes
+        its counters to a file in `shared` after every change, and the endpoint adds them at scrape time."""
+        if self.config.metrics_listen is None or self._metrics_served:
+            return
+        if self.shared is not None:
+            _forget_dead(self.shared)
+        host, _, port = self.config.metrics_listen.rpartition(":")
+        start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+        self._metrics_served = True
+
     def add(self, **counts: int) -> None:
         with self._lock:
             for name, value in counts.items():
                 setattr(self.stats, name, getattr(self.stats, name) + value)
-                if value:
-                    self._prom[name].inc(value)
+            snapshot = self.stats.as_dict()
+        if self.shared is not None and "worker" in self.roles and "scheduler" not in self.roles:
+            _write_counters(self.shared, snapshot)
+
+    def counters(self) -> dict[str, int]:
+        """This process's counters plus those the worker processes of this connector wrote (see above)."""
+        with self._lock:
+            total = self.stats.as_dict()
+        if self.shared is not None and "scheduler" in self.roles:
+            for other in _read_counters(self.shared):
+                for name, value in other.items():
+                    if name in total:
+                        total[name] += value
+        return total
 
     def submit(self, work: Coroutine[object, object, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(work, self._loop)
@@ -130,6 +162,63 @@ class Runtime:
 
 
 _PROCESS: list[Runtime] = []
+
+
+class _Collector(Collector):
+    """``kvsp_vllm_<name>_total`` counters, read at scrape time (`Runtime.counters`)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def collect(self) -> Iterable[Metric]:
+        for name, value in self.runtime.counters().items():
+            family = CounterMetricFamily(f"kvsp_vllm_{name}", f"kvsp connector: {name.replace('_', ' ')}")
+            family.add_metric([], value)
+            yield family
+
+
+def shared_counters_dir(config: ConnectorConfig) -> Path | None:
+    """Where the worker processes of one connector configuration leave their counters for the endpoint:
+    one folder per (config file, metrics_listen), so two vLLM servers on one host never mix."""
+    if config.metrics_listen is None or config.source is None:
+        return None
+    name = hashlib.sha256(f"{config.source.resolve()}|{config.metrics_listen}".encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "kvsp-vllm-counters" / name
+
+
+def _write_counters(folder: Path, counts: dict[str, int]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(counts))
+    os.replace(tmp, folder / f"{os.getpid()}.json")  # atomic: a scrape never reads half a file
+
+
+def _read_counters(folder: Path) -> list[dict[str, int]]:
+    out = []
+    for path in folder.glob("*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads(path.read_text())
+            if isinstance(data, dict):
+                out.append({str(k): int(v) for k, v in data.items() if isinstance(v, int)})
+    return out
+
+
+def _forget_dead(folder: Path) -> None:
+    """Files of processes that no longer run belong to an earlier server on the same config: drop them."""
+    for path in folder.glob("*.json"):
+        pid = int(path.stem) if path.stem.isdigit() else None
+        if pid is None or not _alive(pid):
+            path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def process_runtimes() -> list[Runtime]:
