@@ -29,6 +29,8 @@ KINDS = ("unit", "loopback", "process", "interop")
 PROCESS_MODULES = frozenset({
     "test_benchmarks", "test_cli", "test_deploy_redis", "test_hf_descriptor", "test_import_clean", "test_instance_hf",
     "test_layers", "test_system_failover", "test_system_prefetch", "test_system_reshard", "test_vllm",
+    "test_vllm_example", "test_index_backend", "test_index_redis",
+    "test_pc_backend", "test_pc_redis", "test_pc_redis_up", "test_system_pc_failover",
 })
 LOOPBACK_MODULES = frozenset({
     "test_authz_pc", "test_authz_replicas", "test_authz_replicas_relay", "test_client_doubles", "test_client_e2e",
@@ -37,7 +39,7 @@ LOOPBACK_MODULES = frozenset({
     "test_http_hygiene_pc", "test_http_hygiene_roles", "test_index_http", "test_instance_http",
     "test_instance_migration", "test_instance_moqt", "test_instance_reshard", "test_moqt_kvsp", "test_moqt_perf_fetch",
     "test_moqt_perf_gso", "test_moqt_pubsub", "test_moqt_quic", "test_pc_http", "test_pc_http_reshard", "test_pki",
-    "test_ports", "test_relay", "test_relay_holder", "test_tiers_torch", "test_workload",
+    "test_ports", "test_relay", "test_relay_holder", "test_tiers_torch", "test_vllm_units", "test_workload",
 })
 
 

@@ -26,6 +26,7 @@ from control.deploy.configs import (
     PcSection,
     PolicyFile,
     PublicTls,
+    RedisTable,
     RelaySection,
     RoleFile,
     ScopeEntry,
@@ -69,7 +70,7 @@ def full_sections() -> list[Section]:
     moqt = "moqt://127.0.0.1:4433/h1"
     return [
         IndexSection(sweep_interval_s=5.0, sweep_batch=500, max_replicas=1000, block_tokens=4,
-                     descriptors=["model.json"]),
+                     descriptors=["model.json"], backend="redis", redis=RedisTable(url="redis://127.0.0.1:6379/0")),
         HolderSection(index=PC, descriptors=["model.json"], replica_ttl_ms=30_000, retention_ms=60_000,
                       host_capacity_octets=1 << 20, storage_dir="blocks", storage_capacity_octets=1 << 24,
                       encryption_key_file="storage.key", verify_stored=False, withdraw_timeout_ms=500,
@@ -79,7 +80,9 @@ def full_sections() -> list[Section]:
         PcSection(index=PC, scope_keys={SCOPE.hex(): "scope.key"}, descriptors=["model.json"], min_active=2,
                   status_check_interval_ms=100, mean_service_ms=1.5, call_timeout_ms=2000, resume_timeout_ms=20_000,
                   reshard_deadline_ms=1000, operators=["https://ops.example/"], instances=[II],
-                  deterministic_methods=["greedy"]),
+                  deterministic_methods=["greedy"], backend="redis",
+                  redis=RedisTable("redis://127.0.0.1:6379/0", cluster=False, timeout_ms=300, key_prefix="t:"),
+                  lease_ttl_ms=1500),
         InstanceSection(pc=PC, index=PC, engine="test", descriptors=["model.json"],
                         scope_keys={SCOPE.hex(): "scope.key"}, replicate_to=[H1], peers=[H1], idle_for_s=10.0,
                         links=[HolderLink(H1, 1000.0, 50)], moqt_relay="moqt://127.0.0.1:4443/relay",

@@ -71,6 +71,8 @@ class IndexSection:
     max_replicas: int | None = None
     block_tokens: int | None = None
     descriptors: Sequence[str] | None = None
+    backend: str | None = None  # "memory" or "redis"
+    redis: RedisTable | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +80,7 @@ class HolderSection:
     """``[holder]`` (control/holder/settings.py)."""
 
     ROLE: ClassVar[str] = "holder"
-    index: str | None = None
+    index: str | Sequence[str] | None = None  # one IS, or several to fail over between
     descriptors: Sequence[str] | None = None
     replica_ttl_ms: int | None = None
     retention_ms: int | None = None
@@ -100,11 +102,26 @@ class HolderSection:
 
 
 @dataclass(frozen=True, slots=True)
+class RedisTable:
+    """A role's ``redis`` table (control/backend.py), written inline: ``redis = { url = ... }``."""
+
+    url: str
+    cluster: bool | None = None
+    password_file: str | None = None
+    username: str | None = None
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    timeout_ms: int | None = None
+    key_prefix: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PcSection:
     """``[pc]`` (control/pc/settings.py)."""
 
     ROLE: ClassVar[str] = "pc"
-    index: str | None = None
+    index: str | Sequence[str] | None = None  # one IS, or several to fail over between
     scope_keys: Mapping[str, str] | None = None  # Scope ID (hex) -> key file
     descriptors: Sequence[str] | None = None
     min_active: int | None = None
@@ -116,6 +133,9 @@ class PcSection:
     operators: Sequence[str] | None = None
     instances: Sequence[str] | None = None
     deterministic_methods: Sequence[str] | None = None
+    backend: str | None = None  # "memory" or "redis"
+    redis: RedisTable | None = None
+    lease_ttl_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +143,8 @@ class InstanceSection:
     """``[instance]`` (control/instance/settings.py)."""
 
     ROLE: ClassVar[str] = "instance"
-    pc: str | None = None
-    index: str | None = None
+    pc: str | Sequence[str] | None = None  # one PC, or every PC of an active/standby group
+    index: str | Sequence[str] | None = None  # one IS, or several to fail over between
     engine: str | None = None
     descriptors: Sequence[str] | None = None
     scope_keys: Mapping[str, str] | None = None  # Scope ID (hex) -> key file
@@ -191,7 +211,7 @@ class FrontendSection:
     """``[frontend]`` (control/frontend/settings.py)."""
 
     ROLE: ClassVar[str] = "frontend"
-    pc: str | None = None
+    pc: str | Sequence[str] | None = None  # one PC, or every PC of an active/standby group
     listen: str | None = None
     public_tls: PublicTls | None = None
     model: str | None = None

@@ -11,7 +11,12 @@ then ``GET sessions/{s}/tokens`` at the owner; when the stream breaks or stalls 
 ``GET sessions/{s}`` for the current owner and epoch and reconnects there with ``from = next index``,
 feeding every line to `control.instance.core.OutputAssembler`.
 
-Used by tests/test_system_*.py and benchmarks/bench_failover.py.
+With ``Settings.redis_url`` the PC runs on Redis, active/standby (decision D7): two ``kvsp serve pc``
+processes (``pc`` and ``pc2``, one identity: both present the ``pc`` certificate, each listens at its
+own base URI), a separate ``kvsp serve is``, and instances and the front end configured with both PCs,
+following the leader (`System.leader` says which one leads).
+
+Used by tests/test_system_*.py, tests/test_pc_redis.py, benchmarks/bench_failover.py and benchmarks/bench_pc_redis.py.
 """
 
 from __future__ import annotations
@@ -42,8 +47,11 @@ from kvsp.records.generation import SessionInfo, StreamEnd, TokenEvent, parse_st
 __all__ = ["JSON", "FrontEnd", "Output", "Settings", "System", "reference_tokens", "running_system"]
 
 NAMES = ("pc", "h1", "ii1", "ii2", "ii3", "fe")
+PAIR_NAMES = ("pc2", "is")  # the standby PC and the IS of its own, with a PC on Redis
 INSTANCES = ("ii1", "ii2")
 ROLES = {"pc": "pc,is", "h1": "holder", "ii1": "instance,holder", "ii2": "instance,holder", "ii3": "instance,holder"}
+PAIR_ROLES = {**ROLES, "pc": "pc", "pc2": "pc", "is": "is"}
+PCS = ("pc", "pc2")
 JSON = "application/kvsp+json"
 LINK_MBIT_PER_S = 10_000.0  # the paths every instance reports (loopback): to the cache holder and its peer
 LINK_RTT_US = 100
@@ -73,6 +81,20 @@ class Settings:
     operators: tuple[str, ...] = ()  # names that may POST maps/{map} at the PC besides the PC
     model: CompatDescriptor = DESCRIPTOR  # the one model every role serves
     shard_writers: tuple[str, ...] = ()  # names that may GET and PUT shards/{map} besides the instances
+    redis_url: str | None = None  # set: two PCs on this Redis, active/standby, and a separate IS
+    lease_ttl_ms: int = 1000  # with redis_url: the PCs' leader lease
+
+    @property
+    def pair(self) -> bool:
+        return self.redis_url is not None
+
+    @property
+    def roles(self) -> dict[str, str]:
+        return PAIR_ROLES if self.pair else ROLES
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (*NAMES, *PAIR_NAMES) if self.pair else NAMES
 
 
 def write_configs(pki: DevPki, tmp: Path, settings: Settings, instances: Sequence[str] = INSTANCES) -> None:
@@ -80,21 +102,31 @@ def write_configs(pki: DevPki, tmp: Path, settings: Settings, instances: Sequenc
     (tmp / "model.json").write_text(json.dumps(settings.model.to_json()))
     (tmp / "scope.key").write_text(SCOPE_KEY.secret().hex())
     configs.PolicyFile(pki.uri("pc"), [pki.uri(n) for n in instances],
-               [configs.ScopeEntry.open_to(SCOPE, [pki.uri(n) for n in NAMES])]).write(tmp / "policy.toml")
+               [configs.ScopeEntry.open_to(SCOPE, [pki.uri(n) for n in settings.names])]).write(tmp / "policy.toml")
+    roles = settings.roles
 
-    def role_file(name: str, *sections: configs.Section) -> configs.RoleFile:
-        return configs.RoleFile(ROLES[name].split(","), pki.uri(name), configs.Tls.of(name), "policy.toml",
+    def role_file(name: str, *sections: configs.Section, cert: str | None = None) -> configs.RoleFile:
+        return configs.RoleFile(roles[name].split(","), pki.uri(name), configs.Tls.of(cert or name), "policy.toml",
                                 sections=sections)
 
-    holder = replace(configs.HolderSection(index=pki.uri("pc"), descriptors=[model], replica_ttl_ms=60_000),
+    index = pki.uri("is") if settings.pair else pki.uri("pc")
+    pcs: str | list[str] = [pki.uri(n) for n in PCS] if settings.pair else pki.uri("pc")
+    holder = replace(configs.HolderSection(index=index, descriptors=[model], replica_ttl_ms=60_000),
                      **settings.holder)
     pc = replace(configs.PcSection(scope_keys={SCOPE.hex(): key}, descriptors=[model], status_check_interval_ms=50,
                            call_timeout_ms=3000, operators=[pki.uri(n) for n in settings.operators]), **settings.pc)
-    role_file("pc", configs.IndexSection(descriptors=[model]), pc).write(tmp / "pc.toml")
+    if settings.redis_url is not None:
+        pc = replace(pc, index=index, backend="redis", lease_ttl_ms=settings.lease_ttl_ms,
+                     redis=configs.RedisTable(settings.redis_url, timeout_ms=300))
+        for name in PCS:  # one PC identity (the policy's): both present its certificate
+            role_file(name, pc, cert="pc").write(tmp / f"{name}.toml")
+        role_file("is", configs.IndexSection(descriptors=[model])).write(tmp / "is.toml")
+    else:
+        role_file("pc", configs.IndexSection(descriptors=[model]), pc).write(tmp / "pc.toml")
     role_file("h1", holder).write(tmp / "h1.toml")
     for name in instances:
         instance = configs.InstanceSection(
-            pc=pki.uri("pc"), index=pki.uri("pc"), engine="test", vocab_size=VOCAB,
+            pc=pcs, index=index, engine="test", vocab_size=VOCAB,
             scope_keys={SCOPE.hex(): key}, replicate_to=[pki.uri("h1")], status_ttl_ms=1500,
             peers=[pki.uri(n) for n in (*instances, *settings.shard_writers)],
             load_timeout_ms=5000, final_ack_timeout_ms=10_000,
@@ -114,6 +146,12 @@ class System:
     procs: dict[str, subprocess.Popen[bytes]]
     model: CompatDescriptor = DESCRIPTOR
     http: dict[str, aiohttp.ClientSession] = field(default_factory=dict)
+    roles: dict[str, str] = field(default_factory=lambda: dict(ROLES))
+
+    @property
+    def pcs(self) -> tuple[str, ...]:
+        """The names of the PC processes: ("pc",), or ("pc", "pc2") on Redis."""
+        return tuple(n for n in PCS if n in self.roles)
 
     @property
     def geometry(self) -> EngineGeometry:
@@ -122,14 +160,14 @@ class System:
     def spawn(self, name: str) -> None:
         """Start (or start again, as a new incarnation) the role process ``name``."""
         with (self.tmp / f"{name}.log").open("ab") as log:
-            self.procs[name] = serve(ROLES[name], self.tmp / f"{name}.toml", cwd=self.tmp, stderr=log)
+            self.procs[name] = serve(self.roles[name], self.tmp / f"{name}.toml", cwd=self.tmp, stderr=log)
 
     async def restart(self, name: str) -> None:
         """Start a killed instance again and wait until the PC counts every instance as active."""
         kill(self.procs[name])
         self.spawn(name)
         await wait_listening(name, self.pki.port(name), self.procs[name], timeout=30.0, log=self.tmp / f"{name}.log")
-        await self.wait_active([n for n in self.procs if n in ROLES and ROLES[n].startswith("instance")])
+        await self.wait_active([n for n in self.procs if self.roles.get(n, "").startswith("instance")])
 
     def uri(self, name: str) -> str:
         return self.pki.uri(name)
@@ -172,10 +210,42 @@ class System:
             await asyncio.sleep(every)
         raise AssertionError(f"timed out waiting for {what}")
 
+    async def health(self, name: str, who: str = "fe") -> dict[str, Any] | None:
+        """GET {base}health of a role process; None when it does not answer."""
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            async with self.http[who].get(self.uri(name) + "health", timeout=aiohttp.ClientTimeout(total=1.0)) as r:
+                if r.status == 200:
+                    doc: dict[str, Any] = await r.json()
+                    return doc
+        return None
+
+    async def leader(self) -> str | None:
+        """The name of the PC process that leads now, or None (an election, or every PC down)."""
+        for name in self.pcs:
+            if self.procs[name].poll() is not None:
+                continue
+            doc = await self.health(name)
+            if doc is not None and doc.get("pc", {}).get("role") == "leader":
+                return name
+        return None
+
+    async def wait_leader(self, timeout: float = 20.0, *, other_than: str | None = None) -> str:
+        found: list[str] = []
+
+        async def elected() -> bool:
+            name = await self.leader()
+            if name is not None and name != other_than:
+                found.append(name)
+                return True
+            return False
+        await self.wait_for(elected, "a PC to lead" + (f" other than {other_than}" if other_than else ""), timeout)
+        return found[-1]
+
     async def wait_active(self, names: Sequence[str] = INSTANCES, timeout: float = 30.0) -> None:
-        """Until the PC counts ``names`` as active instances (their first status reached it)."""
+        """Until the leading PC counts ``names`` as active instances (their first status reached it)."""
         async def ready() -> bool:
-            return await self.metric("pc", 'kvsp_pc_instances{state="active"}') >= len(names)
+            pc = await self.leader() if len(self.pcs) > 1 else "pc"
+            return pc is not None and await self.metric(pc, 'kvsp_pc_instances{state="active"}') >= len(names)
         await self.wait_for(ready, f"{names} active at the PC", timeout)
 
 
@@ -184,17 +254,20 @@ async def running_system(tmp: Path, settings: Settings | None = None, *,
                          instances: Sequence[str] = INSTANCES) -> AsyncIterator[System]:
     """Start the role processes (all at once), wait until they listen and the PC sees the instances."""
     settings = settings or Settings()
-    pki = DevPki.make(tmp, list(NAMES))
+    pki = DevPki.make(tmp, list(settings.names))
     write_configs(pki, tmp, settings, instances)
-    system = System(pki, tmp, {}, settings.model)
+    system = System(pki, tmp, {}, settings.model, roles=dict(settings.roles))
     try:
-        for name in ("pc", "h1", *instances):
+        control_plane = ("is", *PCS) if settings.pair else ("pc",)
+        for name in (*control_plane, "h1", *instances):
             system.spawn(name)
         for name, proc in system.procs.items():
             await wait_listening(name, pki.port(name), proc, timeout=30.0, log=tmp / f"{name}.log")
         for who in ("fe", "pc"):
             connector = aiohttp.TCPConnector(ssl=pki.client_ssl(who))
             system.http[who] = aiohttp.ClientSession(connector=connector)
+        if settings.pair:
+            await system.wait_leader(30.0)
         await system.wait_active(instances)
         yield system
     except BaseException:
@@ -243,25 +316,57 @@ OnToken = Callable[[Output], Awaitable[None]]
 class FrontEnd:
     """A front end with its own identity ("fe"): requests at the PC, token streams at the owners."""
 
-    def __init__(self, system: System, *, stall_s: float = 0.5, poll_s: float = 0.05) -> None:
+    def __init__(self, system: System, *, stall_s: float = 0.5, poll_s: float = 0.05,
+                 leader_wait_s: float = 20.0) -> None:
         self.system = system
         self.http = system.http["fe"]
         self.stall_s = stall_s
         self.poll_s = poll_s
+        self.leader_wait_s = leader_wait_s
+        self._leader = system.pcs[0]
 
     async def generate(self, prompt: Sequence[int], max_tokens: int, sampler: Sampler) -> SessionInfo:
         request = generate_body(prompt, max_tokens, sampler, self.system.model)
-        url = self.system.uri("pc") + "requests"
-        async with self.http.post(url, json=request, headers={"Content-Type": JSON}) as resp:
-            body = await resp.read()
-            assert resp.status == 200, body
-        return SessionInfo.from_bytes(body)
+        return SessionInfo.from_bytes(await self.pc_call("POST", "requests", request))
 
     async def info(self, session: str) -> SessionInfo:
-        async with self.http.get(self.system.uri("pc") + f"sessions/{session}") as resp:
-            body = await resp.read()
-            assert resp.status == 200, body
-        return SessionInfo.from_bytes(body)
+        return SessionInfo.from_bytes(await self.pc_call("GET", f"sessions/{session}"))
+
+    async def pc_call(self, method: str, path: str, body: dict[str, object] | None = None) -> bytes:
+        """At the leading PC: a standby's 421 names it, a 503 with ``"leader"`` or a PC that does not answer
+        means the next one; waits (bounded) while the PCs elect.  Any other answer must be 200."""
+        deadline = time.monotonic() + self.leader_wait_s
+        while True:
+            for name in (self._leader, *(n for n in self.system.pcs if n != self._leader)):
+                raw, status, leader = await self._attempt(name, method, path, body)
+                if status == 200:
+                    self._leader = name
+                    return raw
+                if status == 421 and leader is not None:
+                    self._leader = leader
+                    break  # ask the named leader next
+                assert status in (0, 503) and leader != "", raw
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{method} {path}: no PC answered as the leader in {self.leader_wait_s} s")
+            await asyncio.sleep(self.poll_s)
+
+    async def _attempt(self, name: str, method: str, path: str,
+                       body: dict[str, object] | None) -> tuple[bytes, int, str | None]:
+        """(body, status, the leader a 421 names); status 0 when the PC did not answer, and leader ""
+        for a 503 that is the leader's own answer (no ``"leader"`` member)."""
+        headers = {"Content-Type": JSON} if body is not None else {}
+        try:
+            async with self.http.request(method, self.system.uri(name) + path, json=body, headers=headers,
+                                         timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+                raw, status = await resp.read(), resp.status
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return b"", 0, None
+        if status not in (421, 503):
+            return raw, status, None
+        doc = json.loads(raw)
+        if "leader" not in doc:
+            return raw, status, ""
+        return raw, status, self.system.name_of(doc["leader"]) if doc["leader"] else None
 
     async def receive(self, info: SessionInfo, *, timeout_s: float = 40.0, on_token: OnToken | None = None) -> Output:
         """Follow the session to its end line, across failovers; ``on_token(output)`` after each delivery."""

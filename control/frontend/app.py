@@ -40,6 +40,7 @@ from control.frontend.openai import (
 from control.frontend.settings import FrontendSettings
 from control.frontend.tokenizer import TextStream, Tokenizer, load_tokenizer
 from control.http import close_if_uninvited, defer_continue, read_limited, status_fields
+from control.pc.endpoints import PcEndpoints
 from kvsp.client.http import ClientOptions, KvspSession
 from kvsp.problems import ProblemError
 from kvsp.records import Sampler
@@ -63,6 +64,10 @@ class Frontend:
     metrics: FrontendMetrics
     in_flight: int = 0
     started: float = field(default_factory=time.time)
+    pcs: PcEndpoints = field(init=False)  # shared by every request: it remembers which PC leads
+
+    def __post_init__(self) -> None:
+        self.pcs = PcEndpoints(self.settings.pc)
 
     @property
     def limits(self) -> Limits:
@@ -71,7 +76,8 @@ class Frontend:
 
     def follower(self) -> SessionFollower:
         s = self.settings
-        return SessionFollower(self.http, s.pc, stall_s=s.stall_ms / 1000, stranded_retry_s=s.stranded_retry_ms / 1000)
+        return SessionFollower(self.http, self.pcs, stall_s=s.stall_ms / 1000,
+                               stranded_retry_s=s.stranded_retry_ms / 1000)
 
     def generate_request(self, tenant: str, req: CompletionRequest) -> GenerateRequest:
         sampler = Sampler(req.method, req.params, req.seed, 0, False)

@@ -4,6 +4,10 @@ and on a break or stall the PC's ``GET sessions/{s}`` for the new owner and epoc
 Every line goes through `OutputAssembler` (the sans-I/O reassembly core): an index is delivered once
 and in order, and a lower epoch never overrides a higher one, so the client sees neither a repeated nor
 an altered token while the session moves.
+
+The PC may be an active/standby group (decision D7): every call to it goes to the leader through
+`PcEndpoints`.  While no PC leads (a takeover), a submission waits up to ``LEADER_WAIT_S`` for one, and
+a stream that stalls keeps being read: the instance generates on, and only the PC is changing.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import aiohttp
 
+from control.pc.endpoints import LeaderUnavailable, PcEndpoints
 from kvsp.client.http import KvspSession, TransportError
 from kvsp.errors import KvspError
 from kvsp.output import OutputAssembler
@@ -31,6 +36,9 @@ MAX_SUBMISSIONS = 3
 MAX_FINISHED_TRIES = 3
 POLL_S = 0.05
 SAME_OWNER_RETRY_S = 1.0  # a stream that broke without a failover is reopened at the same owner after this
+LEADER_WAIT_S = 30.0  # a submission waits this long for a PC to lead (a takeover takes about one lease ttl)
+SUBMIT_TIMEOUT_S = 30.0  # one POST requests at one PC (placement includes a lookup and the instance's start)
+INFO_TIMEOUT_S = 2.0  # one GET sessions/{s} at one PC
 
 
 class FollowError(Exception):
@@ -62,9 +70,10 @@ Clock = Callable[[], float]
 class SessionFollower:
     """One request's run through the PC and the instances, yielding delivered tokens in order."""
 
-    def __init__(self, http: KvspSession, pc: str, *, stall_s: float, stranded_retry_s: float,
+    def __init__(self, http: KvspSession, pc: PcEndpoints | str, *, stall_s: float, stranded_retry_s: float,
                  clock: Clock = time.monotonic) -> None:
-        self.http, self.pc = http, pc
+        self.http = http
+        self.pc = pc if isinstance(pc, PcEndpoints) else PcEndpoints(pc)
         self.stall_s, self.stranded_retry_s = stall_s, stranded_retry_s
         self.clock = clock
         self.stats = FollowStats()
@@ -116,7 +125,7 @@ class SessionFollower:
         self.stats.submissions += 1
         self._assembler = OutputAssembler()
         try:
-            _, body = await self.http.request_json("POST", self.pc + "requests", request, ok=(200,))
+            body = await self._submit_to_leader(request)
             info = SessionInfo.from_json(body)
         except ProblemError as exc:
             status = 503 if exc.problem.status in (429, 503) else 502
@@ -127,6 +136,19 @@ class SessionFollower:
         self._note(info)
         return info
 
+    async def _submit_to_leader(self, request: GenerateRequest) -> object | None:
+        """POST requests at the leader, waiting (bounded) while the PCs elect one."""
+        deadline = self.clock() + LEADER_WAIT_S
+        while True:
+            try:
+                _, body = await self.pc.request_json(self.http, "POST", "requests", request, ok=(200,),
+                                                     timeout_s=SUBMIT_TIMEOUT_S)
+                return body
+            except LeaderUnavailable:
+                if self.clock() >= deadline:
+                    raise
+            await asyncio.sleep(POLL_S)
+
     def _note(self, info: SessionInfo) -> None:
         s = self.stats
         if s.session and (info.instance, info.epoch) != (s.instance, s.epoch):
@@ -135,7 +157,8 @@ class SessionFollower:
 
     async def _session_info(self, session: str) -> SessionInfo:
         try:
-            _, body = await self.http.request_json("GET", self.pc + f"sessions/{session}", ok=(200,))
+            _, body = await self.pc.request_json(self.http, "GET", f"sessions/{session}", ok=(200,),
+                                                 timeout_s=INFO_TIMEOUT_S)
             return SessionInfo.from_json(body)
         except ProblemError as exc:
             raise FollowError(502, f"the session is no longer known to the placement controller "
@@ -176,7 +199,10 @@ class SessionFollower:
                     try:
                         raw = await asyncio.wait_for(resp.content.readline(), self.stall_s)
                     except TimeoutError:
-                        now = await self._session_info(info.session)
+                        try:
+                            now = await self._session_info(info.session)
+                        except TransportError:
+                            continue  # no PC leads right now: the instance may well be generating on
                         if (now.instance, now.epoch) != (info.instance, info.epoch):
                             self._broke_at = self.clock()
                             return  # this owner is gone or fenced: abandon its stream

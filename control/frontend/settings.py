@@ -1,7 +1,8 @@
 """The ``[frontend]`` table of a role configuration, validated once at start-up.
 
     [frontend]
-    pc = "https://127.0.0.1:7401/pc/"      # required: the Placement Controller
+    pc = "https://127.0.0.1:7401/pc/"      # required: the Placement Controller; a list names every PC
+                                           # of an active/standby group (the front end follows the leader)
     listen = "127.0.0.1:8000"              # the public API (plain HTTP unless public_tls is set)
     public_tls = { cert = "fe-public.pem", key = "fe-public.key" }   # optional: HTTPS, no client certs
     model = "kvsp-test"                    # the name clients pass as "model"
@@ -31,12 +32,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
+from control.pc.endpoints import pc_uris
 from kvsp.descriptor import CompatDescriptor
 from kvsp.encoding import parse_hex
 from kvsp.errors import KvspError, ValidationError
 from kvsp.numbers import parse_decimal
 from kvsp.reader import ObjectReader
-from kvsp.records.base import MAX_SAFE_INT, check_uri
+from kvsp.records.base import MAX_SAFE_INT
 from kvsp.service.config import RoleConfig
 
 KNOWN_KEYS: Final = frozenset({
@@ -57,7 +59,7 @@ class PublicTls:
 
 @dataclass(frozen=True, slots=True)
 class FrontendSettings:
-    pc: str
+    pc: tuple[str, ...]  # every PC of the group
     host: str
     port: int
     model: str
@@ -96,7 +98,7 @@ class FrontendSettings:
         if anonymous is not None and anonymous not in tenants:
             raise ValidationError("frontend.anonymous_tenant", "must name one of the tenants")
         return cls(
-            pc=check_uri(r.raw("pc"), "frontend.pc"),
+            pc=pc_uris(r.raw("pc"), "frontend.pc"),
             host=host, port=port,
             model=r.optional("model", lambda n: r.str(n, max_length=MAX_NAME)) or "kvsp-test",
             descriptor=_descriptor(r, config),

@@ -2,6 +2,7 @@
 
     [holder]
     index = "https://127.0.0.1:7401/is/"     # the Index Service; absent: serve without publishing
+                                             #   (or an array of IS base URIs: failed over in order)
     descriptors = ["model.json"]             # the Compatibility Descriptors this holder stores
     replica_ttl_ms = 120000                  # ttl_ms of published records, refreshed every ttl/3
     retention_ms = 3600000                   # a block is deleted this long after it was stored
@@ -35,11 +36,12 @@ from typing import Final
 
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
 
+from control.index.settings import parse_index_uris
 from kvsp.descriptor import CompatDescriptor
 from kvsp.errors import ValidationError
 from kvsp.numbers import parse_decimal
 from kvsp.reader import ObjectReader
-from kvsp.records.base import MAX_SAFE_INT, check_uri
+from kvsp.records.base import MAX_SAFE_INT
 from kvsp.service.config import RoleConfig
 from moqt.quic import MAX_DATAGRAM_SIZE, MoqtUri, QuicSettings
 
@@ -62,7 +64,7 @@ KNOWN_KEYS: Final = frozenset({
 class HolderSettings:
     """Everything the holder reads from ``[holder]``, with descriptors loaded and keyed by compat_id."""
 
-    index: str | None
+    index: str | tuple[str, ...] | None  # one IS base URI, or several (IndexClient fails over)
     descriptors: Mapping[bytes, CompatDescriptor]
     replica_ttl_ms: int = DEFAULT_REPLICA_TTL_MS
     retention_ms: int = DEFAULT_RETENTION_MS
@@ -86,7 +88,7 @@ class HolderSettings:
             if name not in KNOWN_KEYS:
                 raise ValidationError(f"holder.{name}", f"unknown key; known: {sorted(KNOWN_KEYS)}")
         r = ObjectReader(section, "holder")
-        index = r.optional("index", lambda n: check_uri(r.raw(n), r.member(n)))
+        index = r.optional("index", lambda n: parse_index_uris(r.raw(n), r.member(n)))
         storage = r.optional("storage_dir", lambda n: config.path(r.str(n, max_length=4096)))
         key_file = r.optional("encryption_key_file", lambda n: config.path(r.str(n, max_length=4096)))
         if storage is not None and key_file is None:

@@ -15,15 +15,23 @@ records, the namespace's holder-id for ``moqt`` ones, whose path is often a rela
 producers.  Only the producer, or an identity the policy lets publish for it, creates, replaces or
 withdraws it; the store keys entries by producer so that nothing else can (sections 4.4, 6.1, 9).
 
-Everything protocol-shaped lives in the sans-I/O `ReplicaIndex` and `StatusBoard`; this module only
-authorizes, reads the clock, and moves JSON.  Errors are raised as `ProblemError`/`ValidationError`
-and turned into Problem Details by ``control.http``'s middleware, in one place.
+Everything protocol-shaped lives in the sans-I/O `ReplicaIndex` and `StatusBoard`, behind the
+`IndexBackend` interface (``control.index.backend``): in this process (``backend = "memory"``, the
+default), or in Redis shared by every IS process (``backend = "redis"``, ``control.index.redis_store``).
+This module only authorizes, reads the clock, and moves JSON.  Errors are raised as
+`ProblemError`/`ValidationError` and turned into Problem Details by ``control.http``'s middleware, in
+one place.  A back-end that does not answer (`BackendUnavailable`) makes every request a 503 within
+``timeout_ms``, lookups included: the index is advisory (section 6.1) and every client already treats
+a failed lookup as a miss (it recomputes), while a 503, unlike an empty answer, sends a client that
+knows several IS base URIs to the next one, whose path to Redis may be intact.  ``GET {base}health``
+and ``kvsp_is_backend_errors_total`` show the outage.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -34,8 +42,10 @@ from prometheus_client import Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from control.backend import connect
 from control.http import JSON_MEDIA_TYPE, identity, json_response, read_json
-from control.index.encode import lookup_json
+from control.index.backend import BackendUnavailable, IndexBackend, Matches, MemoryBackend
+from control.index.encode import answer_json
 from control.index.settings import IndexSettings
 from control.index.status import StatusBoard
 from control.index.store import ReplicaIndex
@@ -45,14 +55,17 @@ from kvsp.errors import ValidationError
 from kvsp.identifiers import check_role_id, role_id
 from kvsp.problems import Problem, ProblemError, ProblemType
 from kvsp.records import InstanceStatus, LookupRequest, ReplicaRecord, TargetEstimate
-from kvsp.service.app import CLOCK, Clock
+from kvsp.service.app import CLOCK, HEALTH, Clock
 from kvsp.service.config import RoleConfig
 from kvsp.service.metrics import metrics_of
 from kvsp.service.policy import Policy
 
+# The in-process index; only with backend = "memory" (tests read it).  INDEX_BACKEND is always set.
 INDEX: web.AppKey[ReplicaIndex] = web.AppKey("kvsp.is.index", ReplicaIndex)
+INDEX_BACKEND: web.AppKey[IndexBackend] = web.AppKey("kvsp.is.backend", IndexBackend)
 STATUS_BOARD: web.AppKey[StatusBoard] = web.AppKey("kvsp.status_board", StatusBoard)
 Groups = Sequence[Sequence[ReplicaRecord]]
+log = logging.getLogger("kvsp.is")
 
 
 def status_board_of(app: web.Application) -> StatusBoard:
@@ -81,6 +94,18 @@ def may_publish(policy: Policy, who: str, record: ReplicaRecord) -> bool:
     return acts_for(policy, who, record.producer_id)
 
 
+def withdrawable(policy: Policy, who: str, producer: str | None) -> frozenset[str]:
+    """The producers whose records ``who`` may withdraw: those it `acts_for`, narrowed to ``producer``.
+
+    `acts_for` holds only for ``who``'s own holder-id and those of its publish_for delegations, so this
+    finite set is exactly the producers `acts_for` admits; a back-end applies it in one atomic step.
+    """
+    candidates = {role_id(who), *(role_id(holder) for holder in policy.publish_for.get(who, ()))}
+    if producer is not None:
+        candidates &= {producer}
+    return frozenset(c for c in candidates if acts_for(policy, who, c))
+
+
 def _forbidden(detail: str) -> ProblemError:
     return ProblemError(Problem.generic(403, "Forbidden", detail))
 
@@ -98,6 +123,7 @@ class IndexMetrics:
     scope_denials: Counter  # label operation: publish | lookup
     identity_denials: Counter  # label operation: publish | withdraw | status
     statuses: Counter
+    backend_errors: Counter  # label operation: lookup | publish | withdraw | status | maintain
 
     @classmethod
     def of(cls, app: web.Application) -> IndexMetrics:
@@ -113,21 +139,33 @@ class IndexMetrics:
             identity_denials=m.counter("kvsp_is_identity_denials", "Requests refused: not that holder or instance",
                                        ("operation",)),
             statuses=m.counter("kvsp_is_instance_statuses", "Instance Status Records accepted"),
+            backend_errors=m.counter("kvsp_is_backend_errors", "Requests and steps the index back-end failed",
+                                     ("operation",)),
         )
 
 
 class StoreCollector(Collector):
-    """Values the stores own, read at scrape time so that no request path has to update them."""
+    """Values the stores own, read at scrape time so that no request path has to update them.
 
-    def __init__(self, index: ReplicaIndex, board: StatusBoard) -> None:
-        self.index = index
+    With the index in Redis, ``kvsp_is_replicas`` is the count last read (`RedisIndex.count`), and
+    expirations are Redis's own (not counted); ``kvsp_is_instances`` is this process's board.
+    """
+
+    def __init__(self, backend: IndexBackend, board: StatusBoard) -> None:
+        self.backend = backend
         self.board = board
 
     def collect(self) -> Iterable[Metric]:
-        yield GaugeMetricFamily("kvsp_is_replicas", "Replica records held (live until swept)",
-                                value=len(self.index))
-        yield CounterMetricFamily("kvsp_is_expirations", "Replica records removed at expiry",
-                                  value=self.index.stats.expired)
+        backend = self.backend
+        if isinstance(backend, MemoryBackend):
+            yield GaugeMetricFamily("kvsp_is_replicas", "Replica records held (live until swept)",
+                                    value=len(backend.index))
+            yield CounterMetricFamily("kvsp_is_expirations", "Replica records removed at expiry",
+                                      value=backend.index.stats.expired)
+        else:
+            replicas = backend.facts().get("replicas")
+            yield GaugeMetricFamily("kvsp_is_replicas", "Replica records held (live until swept)",
+                                    value=float(replicas) if isinstance(replicas, int | float) else 0.0)
         yield GaugeMetricFamily("kvsp_is_instances", "Instances with an unexpired-until-swept status",
                                 value=len(self.board))
 
@@ -136,15 +174,19 @@ class StoreCollector(Collector):
 class IndexService:
     """The IS request handlers, bound to their stores, policy, clock and metrics."""
 
-    def __init__(self, index: ReplicaIndex, board: StatusBoard, *, policy: Policy, settings: IndexSettings,
+    def __init__(self, backend: IndexBackend, board: StatusBoard, *, policy: Policy, settings: IndexSettings,
                  clock: Clock, metrics: IndexMetrics) -> None:
-        self.index = index
+        self.backend = backend
         self.board = board
+        # This process's board when it is not the back-end's own (Redis): what a PC here feeds, read as
+        # a fallback for estimates and swept here.  None when the memory back-end holds it.
+        self.local_board = None if isinstance(backend, MemoryBackend) and backend.board is board else board
         self.policy = policy
         self.settings = settings
         self.clock = clock
         self.metrics = metrics
         self.body_limit = policy.quotas.body_limit_octets
+        self._mirrors: set[asyncio.Task[None]] = set()
 
     async def publish(self, request: web.Request) -> web.Response:
         """PUT replicas/{holder-id}/{block_key} (section 6.1)."""
@@ -162,7 +204,10 @@ class IndexService:
         if not self.policy.may_store(who, record.scope_id):
             self.metrics.scope_denials.labels("publish").inc()
             raise ProblemError.of(ProblemType.SCOPE_DENIED, f"{who} may not store in scope {record.scope_id.hex()}")
-        stored = self.index.put(record, holder_id, self.clock())
+        try:
+            stored = await self.backend.put(record, holder_id)
+        except BackendUnavailable as exc:
+            raise self._unavailable(exc) from exc
         self.metrics.publishes.labels("created" if stored.created else "refreshed").inc()
         return json_response(stored.record, status=201 if stored.created else 200)
 
@@ -181,11 +226,11 @@ class IndexService:
         named = request.query.get("producer")
         producer = None if named is None else check_role_id(named, "producer")
         policy = self.policy
-
-        def own(candidate: str) -> bool:
-            return (producer is None or candidate == producer) and acts_for(policy, who, candidate)
-
-        if self.index.withdraw(holder_id, block_key, self.clock(), own):
+        try:
+            removed = await self.backend.withdraw(holder_id, block_key, withdrawable(policy, who, producer))
+        except BackendUnavailable as exc:
+            raise self._unavailable(exc) from exc
+        if removed:
             self.metrics.withdrawals.inc()
             return web.Response(status=204)
         if acts_for(policy, who, holder_id if producer is None else producer):
@@ -201,23 +246,32 @@ class IndexService:
         if not self.policy.may_lookup(who, body.scope_id):
             self.metrics.scope_denials.labels("lookup").inc()
             raise ProblemError.of(ProblemType.SCOPE_DENIED, f"{who} may not look up scope {body.scope_id.hex()}")
-        now = self.clock()
-        groups = self.index.lookup(body.scope_id, body.compat_id, body.block_keys, now)
-        targets = tuple(self._estimates(body, groups, now))
+        try:
+            matches = await self.backend.lookup(body.scope_id, body.compat_id, body.block_keys)
+            targets = await self._estimates(body, matches) if body.targets else ()
+        except BackendUnavailable as exc:
+            raise self._unavailable(exc) from exc
         self.metrics.lookups.inc()
         self.metrics.keys_requested.inc(len(body.block_keys))
-        self.metrics.keys_matched.inc(len(groups))
-        return web.Response(body=lookup_json(groups, targets), content_type=JSON_MEDIA_TYPE)
+        self.metrics.keys_matched.inc(matches.matched)
+        return web.Response(body=answer_json(matches.matched, matches.replicas_text(), targets),
+                            content_type=JSON_MEDIA_TYPE)
 
-    def _estimates(self, body: LookupRequest, groups: Groups, now: float) -> Iterable[TargetEstimate]:
+    async def _estimates(self, body: LookupRequest, matches: Matches) -> tuple[TargetEstimate, ...]:
         """section 6.4 estimates for each target whose status is known; the others are omitted."""
-        if not body.targets:
-            return
+        known = await self.backend.statuses(body.targets)
+        if self.local_board is not None:  # a PC here may have accepted a status not yet mirrored
+            board, now = self.local_board, self.clock()
+            known.update({t: s for t in body.targets if t not in known and (s := board.get(t, now))})
+        return tuple(self._estimates_of(body, matches.groups(), known))
+
+    def _estimates_of(self, body: LookupRequest, groups: Groups,
+                      known: dict[str, InstanceStatus]) -> Iterable[TargetEstimate]:
         shape = self.settings.shape(body.compat_id)
         # Each replica's facts are derived once per lookup, not once per target.
         prepared = placement.PreparedBlocks(groups, layers=shape.layers if shape is not None else None)
         for target in body.targets:
-            status = self.board.get(target, now)
+            status = known.get(target)
             if status is None:
                 continue
             if shape is None:  # B unknown: the fetch time is still meaningful, recompute is not
@@ -242,9 +296,35 @@ class IndexService:
         if who != status.instance or not self.policy.is_instance(who):
             self.metrics.identity_denials.labels("status").inc()
             raise _forbidden(f"{who} may not report the status of {status.instance}")
-        entry = self.board.put(status, self.clock())
+        try:
+            stored = await self.backend.put_status(status)
+        except BackendUnavailable as exc:
+            raise self._unavailable(exc) from exc
         self.metrics.statuses.inc()
-        return json_response({"state": entry.status.state.value})
+        return json_response({"state": stored.state.value})
+
+    def mirror(self, status: InstanceStatus) -> None:
+        """A `StatusBoard` listener: what a PC in this process accepted also goes to the shared back-end."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # put outside the event loop (a test, a tool): nothing to mirror from here
+            return
+        task = loop.create_task(self._mirror(status), name="kvsp-is-mirror-status")
+        self._mirrors.add(task)
+        task.add_done_callback(self._mirrors.discard)
+
+    async def _mirror(self, status: InstanceStatus) -> None:
+        try:
+            await self.backend.put_status(status)
+        except BackendUnavailable as exc:
+            self.metrics.backend_errors.labels(exc.operation).inc()
+        except ProblemError as exc:  # another PC reported a newer epoch: the board keeps the newer
+            log.debug("status of %s not mirrored: %s", status.instance, exc)
+
+    def _unavailable(self, exc: BackendUnavailable) -> ProblemError:
+        """503 for a request the back-end could not serve; the detail stays in the log and health facts."""
+        self.metrics.backend_errors.labels(exc.operation).inc()
+        return ProblemError(Problem.generic(503, "Service Unavailable", "the index back-end is unavailable"))
 
 
 def _replica_path(request: web.Request) -> tuple[str, bytes]:
@@ -253,42 +333,63 @@ def _replica_path(request: web.Request) -> tuple[str, bytes]:
     return holder_id, parse_hex(request.match_info["block_key"], 32, "block_key")
 
 
-# -- background expiry ---------------------------------------------------------------------------
-async def _sweep_forever(index: ReplicaIndex, board: StatusBoard, clock: Clock, settings: IndexSettings) -> None:
+# -- background expiry and back-end upkeep ----------------------------------------------------------
+async def _maintain_forever(service: IndexService) -> None:
+    """Every ``sweep_interval_s``: the back-end's step (sweeps; with Redis, the count and a health probe)."""
+    backend, board = service.backend, service.local_board
     while True:
-        await asyncio.sleep(settings.sweep_interval_s)
-        now = clock()
-        index.sweep(now, settings.sweep_batch)
-        while index.due(now):
-            await asyncio.sleep(0)  # bounded steps, so a mass expiry never stalls requests
-            index.sweep(now, settings.sweep_batch)
-        board.sweep(now)
+        await asyncio.sleep(service.settings.sweep_interval_s)
+        try:
+            await backend.maintain()
+        except BackendUnavailable as exc:
+            service.metrics.backend_errors.labels(exc.operation).inc()
+        if board is not None:
+            board.sweep(service.clock())
 
 
-def _sweeper(service: IndexService) -> Callable[[web.Application], AsyncIterator[None]]:
+def _maintainer(service: IndexService) -> Callable[[web.Application], AsyncIterator[None]]:
     async def context(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(
-            _sweep_forever(service.index, service.board, service.clock, service.settings), name="kvsp-is-sweep")
+        task = asyncio.create_task(_maintain_forever(service), name="kvsp-is-sweep")
         yield
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        await service.backend.close()
     return context
 
 
+def make_backend(settings: IndexSettings, config: RoleConfig, board: StatusBoard, clock: Clock) -> IndexBackend:
+    """The back-end that ``[is] backend`` names; Redis is only imported when it is the one (no I/O here)."""
+    ttl_ms_max, capacity = config.policy.quotas.replica_ttl_ms_max, settings.max_replicas
+    redis = settings.backend.redis
+    if settings.backend.kind == "memory" or redis is None:
+        return MemoryBackend(ReplicaIndex(ttl_ms_max=ttl_ms_max, capacity=capacity), board, clock,
+                             settings.sweep_batch)
+    from control.index.redis_store import RedisIndex  # noqa: PLC0415 - redis-py only for an IS that uses it
+
+    return RedisIndex(connect(redis), redis, ttl_ms_max=ttl_ms_max, capacity=capacity)
+
+
 def setup(app: web.Application, config: RoleConfig) -> None:
-    """Add the IS routes, stores, metrics and sweep task to ``app`` (see ``control.serve``)."""
+    """Add the IS routes, back-end, metrics and upkeep task to ``app`` (see ``control.serve``)."""
     settings = IndexSettings.from_section(config.section("is"), config.base_dir)
-    index = ReplicaIndex(ttl_ms_max=config.policy.quotas.replica_ttl_ms_max, capacity=settings.max_replicas)
     board = status_board_of(app)
-    app[INDEX] = index
-    service = IndexService(index, board, policy=config.policy, settings=settings,
-                           clock=app.get(CLOCK, time.monotonic), metrics=IndexMetrics.of(app))
-    metrics_of(app).registry.register(StoreCollector(index, board))
+    clock = app.get(CLOCK, time.monotonic)
+    backend = make_backend(settings, config, board, clock)
+    app[INDEX_BACKEND] = backend
+    if isinstance(backend, MemoryBackend):
+        app[INDEX] = backend.index
+    service = IndexService(backend, board, policy=config.policy, settings=settings, clock=clock,
+                           metrics=IndexMetrics.of(app))
+    if service.local_board is not None:
+        board.listeners.append(service.mirror)  # statuses a PC here accepts reach every IS process
+    metrics_of(app).registry.register(StoreCollector(backend, board))
+    if HEALTH in app:
+        app[HEALTH]["is"] = lambda app: backend.facts()
     base = config.server.base_path
     app.router.add_put(base + "replicas/{holder_id}/{block_key}", service.publish)
     app.router.add_delete(base + "replicas/{holder_id}/{block_key}", service.withdraw)
     app.router.add_post(base + "lookup", service.lookup)
     if "pc" not in config.roles:
         app.router.add_put(base + "instances/{instance_id}/status", service.put_status)
-    app.cleanup_ctx.append(_sweeper(service))
+    app.cleanup_ctx.append(_maintainer(service))

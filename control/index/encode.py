@@ -52,7 +52,16 @@ def record_json(r: ReplicaRecord) -> str:
 def lookup_json(groups: Sequence[Sequence[ReplicaRecord]], targets: Sequence[TargetEstimate]) -> bytes:
     """The body of a lookup answer: ``LookupResponse(groups, targets).to_json()`` as UTF-8 JSON."""
     replicas = ",".join(["[" + ",".join([record_json(r) for r in group]) + "]" for group in groups])
+    return answer_json(len(groups), replicas, targets)
+
+
+def answer_json(matched: int, replicas: str, targets: Sequence[TargetEstimate]) -> bytes:
+    """A lookup answer from the text of its ``replicas`` members (``[r,r],[r]``), as a store may hold it.
+
+    Redis keeps each record's canonical JSON (what `record_json` writes), so its answers are spliced
+    in without being parsed; the members stay in JCS order because ``matched`` < ``replicas`` < ``targets``.
+    """
     tail = ""
     if targets:
         tail = ',"targets":' + json.dumps([t.to_json() for t in targets], separators=(",", ":"), allow_nan=False)
-    return f'{{"matched":{len(groups)},"replicas":[{replicas}]{tail}}}'.encode()
+    return f'{{"matched":{matched},"replicas":[{replicas}]{tail}}}'.encode()

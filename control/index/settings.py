@@ -6,6 +6,12 @@
     max_replicas = 10000000         # live records the index holds at most (507 beyond)
     block_tokens = 16               # B for compat_ids without a descriptor (recompute_us estimates)
     descriptors = ["model.json"]    # Compatibility Descriptors: B and layer count per compat_id
+    backend = "memory"              # or "redis": the index shared by every IS process (docs/scale.md)
+    [is.redis]                      # only with backend = "redis" (control/backend.py reads it)
+    url = "redis://127.0.0.1:6379/0"  # rediss:// for TLS; for a Redis Cluster, any node's URL
+    cluster = false                 # true: Redis Cluster, records partitioned by Block Key over the slots
+    password_file = "redis.pass"    # optional; also username, ca, cert, key (TLS), key_prefix
+    timeout_ms = 500                # bound on each Redis call: past it the request gets a 503
 
 The TTL cap is the policy quota ``replica_ttl_ms_max`` and the lookup size the quota
 ``keys_per_lookup`` (decision D2), so every role reads its limits from the same file.
@@ -21,10 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from control.backend import BackendConfig, backend_of
 from kvsp.descriptor import CompatDescriptor
 from kvsp.errors import KvspError, ValidationError
+from kvsp.records.base import check_uri
 
-KNOWN_KEYS = frozenset({"sweep_interval_s", "sweep_batch", "max_replicas", "block_tokens", "descriptors"})
+KNOWN_KEYS = frozenset({"sweep_interval_s", "sweep_batch", "max_replicas", "block_tokens", "descriptors",
+                        "backend", "redis"})
+MAX_INDEX_URIS = 64  # IS base URIs a client role may list
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +52,7 @@ class IndexSettings:
     max_replicas: int = 10_000_000
     block_tokens: int | None = None
     shapes: Mapping[bytes, ModelShape] = field(default_factory=lambda: MappingProxyType({}))
+    backend: BackendConfig = field(default_factory=BackendConfig)
 
     def shape(self, compat_id: bytes) -> ModelShape | None:
         """The shape for ``compat_id``: from its descriptor, else the default B, else None."""
@@ -67,7 +78,21 @@ class IndexSettings:
             max_replicas=_positive(section, "max_replicas", 10_000_000),
             block_tokens=None if block_tokens is None else _positive(section, "block_tokens", 0),
             shapes=MappingProxyType(_shapes(section.get("descriptors", []), base_dir or Path("."))),
+            backend=backend_of(section, "is", base_dir or Path(".")),
         )
+
+
+def parse_index_uris(value: object, member: str) -> str | tuple[str, ...]:
+    """A client role's ``index`` setting (holder, PC): one IS base URI, kept a string as before, or a
+    non-empty array of them, which ``kvsp.client.index.IndexClient`` fails over between in order."""
+    if isinstance(value, str):
+        return check_uri(value, member)
+    if not isinstance(value, list) or not value or len(value) > MAX_INDEX_URIS:
+        raise ValidationError(member, f"must be an IS base URI or an array of 1 to {MAX_INDEX_URIS} of them")
+    uris = tuple(check_uri(v, f"{member}[{i}]") for i, v in enumerate(value))
+    if len(set(uris)) != len(uris):
+        raise ValidationError(member, "lists an IS base URI twice")
+    return uris
 
 
 def _positive(section: Mapping[str, object], name: str, default: int) -> int:

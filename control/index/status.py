@@ -9,10 +9,14 @@ remembered after its record expires, for the same reason; that memory is one int
 identity, and only an instance itself may report its status.
 
 When the PC runs in the same process, it shares this board (see ``control.index.app.STATUS_BOARD``).
+An IS whose index lives in Redis registers a listener, so that what the PC accepts here also reaches
+the board in Redis that every IS process reads (the board itself stays sans-I/O: a listener is a
+plain callable, called after a record is accepted).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvsp.problems import ProblemError, ProblemType
@@ -33,6 +37,7 @@ class StatusBoard:
     def __init__(self) -> None:
         self._entries: dict[str, BoardEntry] = {}
         self._epochs: dict[str, int] = {}
+        self.listeners: list[Callable[[InstanceStatus], None]] = []
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -49,6 +54,8 @@ class StatusBoard:
         self._epochs[status.instance] = status.epoch
         entry = BoardEntry(status, now + status.ttl_ms / 1000)
         self._entries[status.instance] = entry
+        for listener in self.listeners:
+            listener(status)
         return entry
 
     def get(self, instance: str, now: float) -> InstanceStatus | None:

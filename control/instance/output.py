@@ -8,7 +8,10 @@ session's max_tokens (itself bounded by configuration); readers are bounded per 
 Each checkpoint is sent (one per completed block, section 6.8) while at most ``MAX_QUEUED`` wait;
 beyond that the oldest waiting ones are dropped, because the newest covers them (the PC keeps the
 highest output_offset).  Transport failures and refusals are retried with backoff, and while one is
-retried a newer waiting checkpoint replaces it.  Fencing (`Fenced`) stops the sender for good.
+retried a newer waiting checkpoint replaces it; while no PC answers as the leader (an active/standby
+takeover, decision D7) the pause stays at ``LEADER_RETRY_S``, so the first checkpoint the new leader
+can take reaches it within that, not after a backoff grown during the election.  Fencing (`Fenced`)
+stops the sender for good.
 `hold_until` keeps every checkpoint back until a condition is met (the session's prompt blocks have
 reached the ``replicate_to`` holders: a checkpoint names them by key only, section 6.8).
 """
@@ -25,6 +28,7 @@ from typing import Final
 from control.instance.core import OutputToken
 from control.instance.pc_client import Fenced
 from control.instance.records import CheckpointAck
+from control.pc.endpoints import LeaderUnavailable
 from kvsp.client.http import TransportError
 from kvsp.errors import ValidationError
 from kvsp.problems import ProblemError
@@ -36,6 +40,7 @@ log = logging.getLogger("kvsp.instance.output")
 BACKOFF_FIRST_S: Final = 0.05
 BACKOFF_MAX_S: Final = 2.0
 MAX_QUEUED: Final = 8
+LEADER_RETRY_S: Final = 0.1
 
 
 class TokenLog:
@@ -145,6 +150,8 @@ class CheckpointSender:
                 return
             except (ProblemError, TransportError, ValidationError) as exc:
                 self._on_result("refused" if isinstance(exc, ProblemError) else "failed")
+                if isinstance(exc, LeaderUnavailable):
+                    delay = min(delay, LEADER_RETRY_S)
                 log.warning("checkpoint of %s at %d not recorded (%s); retrying in %.2f s",
                             checkpoint.session, checkpoint.output_offset, exc, delay)
                 await asyncio.sleep(delay)

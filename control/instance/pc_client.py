@@ -1,10 +1,17 @@
-"""The instance's client of the PC: status PUTs (section 6.3) and checkpoint PUTs (section 6.8)."""
+"""The instance's client of the PC: status PUTs (section 6.3) and checkpoint PUTs (section 6.8).
+
+``[instance] pc`` names one PC or every PC of an active/standby group (decision D7); each PUT goes to
+the leader, following a standby's 421 or moving on past a PC that is down (`control.pc.endpoints`).
+`LeaderUnavailable` (no PC answered as the leader) is a `TransportError`: the status loop and the
+checkpoint sender retry it like an unreachable PC.
+"""
 
 from __future__ import annotations
 
-from urllib.parse import urljoin
+from collections.abc import Sequence
 
 from control.instance.records import CheckpointAck
+from control.pc.endpoints import PcEndpoints
 from kvsp.client.http import KvspSession
 from kvsp.errors import KvspError
 from kvsp.identifiers import role_id
@@ -18,24 +25,29 @@ class Fenced(KvspError):
 
 
 class PcClient:
-    def __init__(self, session: KvspSession, pc: str, instance: str, *, timeout_s: float) -> None:
+    def __init__(self, session: KvspSession, pc: str | Sequence[str], instance: str, *, timeout_s: float) -> None:
         self.session = session
-        self.base = pc if pc.endswith("/") else pc + "/"
+        self.endpoints = PcEndpoints(pc)
         self.instance = instance
         self.timeout_s = timeout_s
 
+    @property
+    def base(self) -> str:
+        """The PC requests go to first (the leader, as far as this instance knows)."""
+        return self.endpoints.leader
+
     async def status(self, status: InstanceStatus, *, timeout_s: float | None = None) -> StateChange:
         """PUT instances/{instance-id}/status; the answer is the state the PC holds for us."""
-        url = urljoin(self.base, f"instances/{role_id(self.instance)}/status")
-        _, body = await self.session.request_json("PUT", url, status, ok=(200,),
-                                                  timeout_s=timeout_s or self.timeout_s)
+        _, body = await self.endpoints.request_json(self.session, "PUT", f"instances/{role_id(self.instance)}/status",
+                                                    status, ok=(200,), timeout_s=timeout_s or self.timeout_s)
         return StateChange.from_json(body)
 
     async def checkpoint(self, checkpoint: SessionCheckpoint) -> CheckpointAck:
         """PUT sessions/{session}/checkpoint; raises `Fenced` when the PC refuses this epoch or owner."""
-        url = urljoin(self.base, f"sessions/{checkpoint.session}/checkpoint")
         try:
-            _, body = await self.session.request_json("PUT", url, checkpoint, ok=(200,), timeout_s=self.timeout_s)
+            _, body = await self.endpoints.request_json(self.session, "PUT",
+                                                        f"sessions/{checkpoint.session}/checkpoint", checkpoint,
+                                                        ok=(200,), timeout_s=self.timeout_s)
         except ProblemError as exc:
             if exc.problem.kind is ProblemType.STALE_EPOCH or exc.problem.status == 403:
                 raise Fenced(f"session {checkpoint.session} epoch {checkpoint.epoch}: {exc}") from exc

@@ -1,8 +1,10 @@
 """The ``[instance]`` table of a role configuration, validated once into a frozen record.
 
     [instance]
-    pc = "https://127.0.0.1:7401/pc/"        # the PC: status, checkpoints (required)
-    index = "https://127.0.0.1:7401/pc/"     # the IS: lookups before loading (required)
+    pc = "https://127.0.0.1:7401/pc/"        # the PC: status, checkpoints (required); a list names every PC
+                                             # of an active/standby group (the instance follows the leader)
+    index = "https://127.0.0.1:7401/pc/"     # the IS: lookups before loading (required; or an array of
+                                             # IS base URIs, tried in order)
     engine = "test"                          # DeterministicTestEngine; "hf:DIR" the reference HF model in DIR
     vocab_size = 32000                       # the test engine's vocabulary
     descriptors = ["model.json"]             # the one model served; absent: [holder] descriptors
@@ -53,6 +55,8 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Final
 
+from control.index.settings import parse_index_uris
+from control.pc.endpoints import pc_uris
 from kvsp.descriptor import CompatDescriptor
 from kvsp.encoding import parse_hex
 from kvsp.errors import ValidationError
@@ -129,8 +133,8 @@ def _layerwise(r: ObjectReader) -> Layerwise:
 class InstanceSettings:
     """Everything the instance reads from ``[instance]`` (see the module docstring for defaults)."""
 
-    pc: str
-    index: str
+    pc: tuple[str, ...]  # every PC of the group, the one to try first first
+    index: str | tuple[str, ...]  # one IS base URI, or several to fail over between
     descriptor: CompatDescriptor
     scope_keys: Mapping[bytes, ScopeKey]
     engine: str = "test"
@@ -161,8 +165,8 @@ class InstanceSettings:
         flags = {name: r.optional(name, r.bool) for name in _FLAGS}
         idle = r.optional("idle_for_s", lambda n: r.number(n, minimum=0.0, maximum=1e9))
         return cls(
-            pc=check_uri(r.raw("pc"), r.member("pc")),
-            index=check_uri(r.raw("index"), r.member("index")),
+            pc=pc_uris(r.raw("pc"), r.member("pc")),
+            index=parse_index_uris(r.raw("index"), r.member("index")),
             descriptor=_descriptor(r, config),
             scope_keys=_scope_keys(r, config),
             engine=engine,

@@ -16,14 +16,28 @@ Routes, relative to the role's base URI (docs/pc-instance-protocol.md, docs/pc.m
 Handlers only authorize, parse and answer; `PlacementController` feeds the sans-I/O cores and carries
 out their actions.  Errors are raised as `ProblemError`/`ValidationError` and become Problem Details
 in ``control.http``'s middleware, in one place.
+
+**Active/standby** (``[pc] backend = "redis"``, docs/scale.md).  Every route above is a role request:
+only the leader answers it.  A PC that does not lead answers with Problem Details, ``about:blank``:
+
+- **421 Misdirected Request** when it is a standby that knows the leader: the member ``"leader"`` names
+  the leader's base URI, and the client sends the same request there (it was not acted on here);
+- **503 Service Unavailable** with ``Retry-After: 1`` and ``"leader": null`` when no leader is known
+  (an election is under way, the store is unreachable) or this PC holds the lease but is still loading
+  its state.  The member tells it from the leader's own 503s (no instance to place a request on).
+
+421 says exactly "this server is not the one to answer this request" (RFC 9110 section 15.5.20), so a
+client never mistakes a standby for a failed request; ``GET {base}health`` says ``"role"`` and
+``"leader"`` on every PC.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
@@ -31,19 +45,20 @@ from control.http import identity, json_response, not_found, read_json
 from control.index.app import status_board_of
 from control.pc.client import InstanceClient
 from control.pc.metrics import PcCollector, PcMetrics
-from control.pc.service import PlacementController
+from control.pc.service import NotLeader, PlacementController
 from control.pc.settings import PcSettings
+from control.pc.store import PcStore
 from kvsp.client.http import ClientOptions, KvspSession
 from kvsp.client.index import IndexClient
 from kvsp.errors import ValidationError
 from kvsp.identifiers import check_role_id, role_id
 from kvsp.numbers import parse_decimal
-from kvsp.problems import Problem, ProblemError, ProblemType
+from kvsp.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemError, ProblemType
 from kvsp.records import InstanceStatus, SessionCheckpoint, ShardMap
 from kvsp.records.base import MAX_SAFE_INT
 from kvsp.records.generation import GenerateRequest
 from kvsp.records.shard import MAX_MAP_ID
-from kvsp.service.app import CLOCK, CONFIG
+from kvsp.service.app import CLOCK, CONFIG, HEALTH
 from kvsp.service.config import RoleConfig
 from kvsp.service.metrics import metrics_of
 from kvsp.service.tls import client_context
@@ -52,6 +67,34 @@ log = logging.getLogger("kvsp.pc")
 
 PC: web.AppKey[PlacementController] = web.AppKey("kvsp.pc", PlacementController)
 _MAP_STATUS = {"registered": 201, "unchanged": 200, "started": 202}
+LEADER_MEMBER = "leader"  # the Problem Details extension member of a 421: the leader's base URI
+RETRY_AFTER_S = 1
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def not_leader_response(exc: NotLeader) -> web.Response:
+    """421 naming the leader, or 503 when there is none to name (see the module docstring)."""
+    if exc.leader is not None:
+        problem = Problem.generic(421, "Misdirected Request", exc.detail)
+        body = {**problem.to_json(), LEADER_MEMBER: exc.leader}
+        headers: dict[str, str] = {}
+    else:
+        problem = Problem.generic(503, "Service Unavailable", exc.detail)
+        body = {**problem.to_json(), LEADER_MEMBER: None}  # the member says "not the leader", unlike other 503s
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
+    return web.Response(status=problem.status, body=json.dumps(body, separators=(",", ":")).encode(),
+                        content_type=PROBLEM_MEDIA_TYPE, headers=headers)
+
+
+def leader_only(handler: Handler) -> Handler:
+    """A role request: answered by the leader only, before anything of the request is read."""
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            request.app[PC].require_leader()
+            return await handler(request)
+        except NotLeader as exc:
+            return not_leader_response(exc)
+    return wrapped
 
 
 def _forbidden(detail: str) -> ProblemError:
@@ -73,7 +116,7 @@ async def put_status(request: web.Request) -> web.Response:
     if who != status.instance or not pc.is_instance(who):
         pc.metrics.denials.labels("status").inc()
         raise _forbidden(f"{who} may not report the status of {status.instance}")
-    answer = pc.report_status(status, pc.clock())
+    answer = await pc.report_status(status, pc.clock())
     return json_response(answer)
 
 
@@ -83,7 +126,7 @@ async def put_checkpoint(request: web.Request) -> web.Response:
     checkpoint = await read_json(request, SessionCheckpoint.from_json, _body_limit(request))
     if checkpoint.session != request.match_info["session"]:
         raise ValidationError("session", "must equal the session of the path")
-    return json_response(pc.checkpoint(who, checkpoint, pc.clock()))
+    return json_response(await pc.checkpoint(who, checkpoint, pc.clock()))
 
 
 # -- extension resources ----------------------------------------------------------------------------
@@ -138,7 +181,7 @@ async def post_map(request: web.Request) -> web.Response:
     deadline_ms = pc.settings.reshard_deadline_ms
     if "deadline_ms" in request.query:
         deadline_ms = parse_decimal(request.query["deadline_ms"], "deadline_ms", minimum=1, maximum=MAX_SAFE_INT)
-    status = _MAP_STATUS[pc.reshard(new, deadline_ms, pc.clock())]
+    status = _MAP_STATUS[await pc.reshard(new, deadline_ms, pc.clock())]
     return json_response(_map_state(pc, map_id), status=status, headers={"Location": f"maps/{map_id}"})
 
 
@@ -169,14 +212,22 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     pc.client = InstanceClient(session, timeout_s=timeout)
     if pc.settings.index is not None:
         pc.index = IndexClient(session, pc.settings.index)
-    loop_task = asyncio.get_running_loop().create_task(pc.run(), name="kvsp-pc-maintenance")
+    loop = asyncio.get_running_loop()
+    await pc.start()
+    loops = [loop.create_task(pc.run(), name="kvsp-pc-maintenance")]
+    if not pc.embedded:
+        loops.append(loop.create_task(pc.run_lease(), name="kvsp-pc-lease"))
     try:
         yield
     finally:
-        loop_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await loop_task
+        for task in loops:
+            task.cancel()
+        for task in loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await pc.tasks.close()
+        await pc.release()
+        await pc.store.close()
         await session.close()
 
 
@@ -187,16 +238,26 @@ def setup(app: web.Application, config: RoleConfig) -> None:
     board = status_board_of(app) if "is" in config.roles else None  # feeds the IS's lookup estimates
     clock = app[CLOCK]
     pc = PlacementController(settings, config.policy, base_uri=config.server.base_uri, clock=clock,
-                             metrics=metrics, board=board)
+                             metrics=metrics, board=board, store=_store(settings))
     app[PC] = pc
     if not pc.policy.instances:
         log.warning("the policy lists no instances: every instance status and checkpoint will be refused")
-    metrics_of(app).registry.register(PcCollector(pc.registry, pc.sessions))
+    metrics_of(app).registry.register(PcCollector(pc))
+    app[HEALTH]["pc"] = lambda app: {"role": app[PC].role.value, "leader": app[PC].leader}
     base = config.server.base_path
-    app.router.add_put(base + "instances/{instance_id}/status", put_status)
-    app.router.add_put(base + "sessions/{session}/checkpoint", put_checkpoint)
-    app.router.add_get(base + "sessions/{session}", get_session)
-    app.router.add_post(base + "requests", post_request)
-    app.router.add_post(base + "maps/{map}", post_map)
-    app.router.add_get(base + "maps/{map}", get_map)
+    app.router.add_put(base + "instances/{instance_id}/status", leader_only(put_status))
+    app.router.add_put(base + "sessions/{session}/checkpoint", leader_only(put_checkpoint))
+    app.router.add_get(base + "sessions/{session}", leader_only(get_session))
+    app.router.add_post(base + "requests", leader_only(post_request))
+    app.router.add_post(base + "maps/{map}", leader_only(post_map))
+    app.router.add_get(base + "maps/{map}", leader_only(get_map))
     app.cleanup_ctx.append(_lifecycle)
+
+
+def _store(settings: PcSettings) -> PcStore | None:
+    """The configured store; None is the embedded one (the PC makes its own `MemoryStore`)."""
+    if settings.backend.kind == "memory" or settings.backend.redis is None:
+        return None
+    from control.pc.store.redis import RedisStore  # noqa: PLC0415 - redis-py only for PCs that use it
+
+    return RedisStore(settings.backend.redis)

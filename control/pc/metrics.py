@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -32,6 +33,12 @@ class PcMetrics:
     state_changes: Counter  # result: accepted | failed (PUT state attempts)
     reshards: Counter  # outcome: committed | aborted
     lookup_failures: Counter  # lookups at the IS that failed (placement went on without the cache)
+    leader: Gauge  # 1 while this PC leads (holds the lease with its state loaded), else 0
+    takeovers: Counter  # times this PC loaded the state from the store and began to lead
+    step_downs: Counter  # times it stopped leading (lease lost or lapsed, a write fenced)
+    store_errors: Counter  # op: writes and loads whose outcome is unknown (store unreachable)
+    fenced_writes: Counter  # op: writes (renewals too) the store refused because this PC's fence was not the lease
+    not_leader: Counter  # status: role requests answered 421 (naming the leader) or 503 (none known)
 
     @classmethod
     def register(cls, m: Metrics) -> PcMetrics:
@@ -52,28 +59,46 @@ class PcMetrics:
             state_changes=m.counter("kvsp_pc_state_changes", "PUT state attempts", ("result",)),
             reshards=m.counter("kvsp_pc_reshards", "Reshard moves finished", ("outcome",)),
             lookup_failures=m.counter("kvsp_pc_lookup_failures", "Lookups at the IS that failed"),
+            leader=m.gauge("kvsp_pc_leader", "1 while this PC leads"),
+            takeovers=m.counter("kvsp_pc_takeovers", "Times this PC loaded the state and began to lead"),
+            step_downs=m.counter("kvsp_pc_step_downs", "Times this PC stopped leading"),
+            store_errors=m.counter("kvsp_pc_store_errors", "Store operations with an unknown outcome", ("op",)),
+            fenced_writes=m.counter("kvsp_pc_fenced_writes", "Writes refused for a fence that was not the lease",
+                                    ("op",)),
+            not_leader=m.counter("kvsp_pc_not_leader_answers", "Role requests answered by a PC that does not lead",
+                                 ("status",)),
         )
+
+
+class HasCores(Protocol):
+    """What the collector reads; the PC replaces its cores when it takes over, so it reads them anew."""
+
+    @property
+    def registry(self) -> InstanceRegistry: ...
+
+    @property
+    def sessions(self) -> SessionTable: ...
 
 
 class PcCollector(Collector):
     """Gauges read from the cores at scrape time, so no request path has to keep them current."""
 
-    def __init__(self, registry: InstanceRegistry, sessions: SessionTable) -> None:
-        self.registry = registry
-        self.sessions = sessions
+    def __init__(self, pc: HasCores) -> None:
+        self.pc = pc
 
     def collect(self) -> Iterable[Metric]:
+        registry, sessions = self.pc.registry, self.pc.sessions
         by_state = GaugeMetricFamily("kvsp_pc_instances", "Instances by the PC's view of their state",
                                      labels=("state",))
         counts = dict.fromkeys(InstanceState, 0)
-        for instance in self.registry:
-            state = self.registry.state_of(instance)
+        for instance in registry:
+            state = registry.state_of(instance)
             if state is not None:
                 counts[state] += 1
         for state, n in counts.items():
             by_state.add_metric((state.value,), n)
         yield by_state
         yield GaugeMetricFamily("kvsp_pc_sessions", "Sessions tracked (including tombstones)",
-                                value=len(self.sessions))
+                                value=len(sessions))
         yield GaugeMetricFamily("kvsp_pc_sessions_waiting", "Sessions stranded until an instance is free",
-                                value=len(self.sessions.stranded()))
+                                value=len(sessions.stranded()))

@@ -2,6 +2,7 @@
 
     [pc]
     index = "https://127.0.0.1:7401/pc/"   # the IS; default: this process when it also runs "is"
+                                           #   (or an array of IS base URIs: failed over in order)
     scope_keys = { "6d1c6481cd428737da312c089db3832a" = "scope.key" }   # files: hex, >= 32 octets
     descriptors = ["model.json"]           # Compatibility Descriptors the PC places requests for
     min_active = 1                         # sleep policy: a sleep request keeps this many others active
@@ -13,6 +14,10 @@
     operators = ["https://ops.example/"]   # identities besides the PC's own that may POST maps/{map}
     instances = ["https://ii1.example/"]   # optional: only these of the policy's instances (D2) are admitted
     deterministic_methods = ["greedy"]     # samplers whose output every eligible instance reproduces
+    backend = "memory"                     # or "redis": state in Redis, PC processes active/standby
+    lease_ttl_ms = 2000                    # backend = "redis": the leader lease (renewed every ttl/3)
+    [pc.redis]                             # backend = "redis" (control/backend.py): url, cluster, password_file,
+    url = "redis://127.0.0.1:6379/0"       # username, ca, cert, key, timeout_ms, key_prefix
 
 Which identities are instances is the policy's ``instances`` (D2); ``[pc] instances`` can only narrow
 it, so a PC configuration never admits an identity the policy does not name.  Unknown keys are
@@ -28,6 +33,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
+from control.backend import BackendConfig, backend_of
+from control.index.settings import parse_index_uris
 from kvsp.descriptor import CompatDescriptor
 from kvsp.encoding import parse_hex
 from kvsp.errors import KvspError, ValidationError
@@ -43,20 +50,23 @@ DEFAULT_CALL_TIMEOUT_MS: Final = 5_000
 # ``load_timeout_ms`` (10 s by default) plus about a second of lookup: the PC waits longer than that.
 DEFAULT_RESUME_TIMEOUT_MS: Final = 15_000
 DEFAULT_RESHARD_DEADLINE_MS: Final = 2_000
+DEFAULT_LEASE_TTL_MS: Final = 2_000
+MIN_LEASE_TTL_MS: Final = 30  # a renewal goes out every ttl/3: shorter would be all renewals
 MAX_LIST: Final = 1024
 KNOWN_KEYS: Final = frozenset({
     "index", "scope_keys", "descriptors", "min_active", "status_check_interval_ms", "mean_service_ms",
     "call_timeout_ms", "resume_timeout_ms", "reshard_deadline_ms", "operators", "instances",
-    "deterministic_methods",
+    "deterministic_methods", "backend", "redis", "lease_ttl_ms",
 })
 IDENTITY_SCHEMES: Final = frozenset({"https", "moqt"})
+EMBEDDED: Final = BackendConfig()  # backend = "memory"
 
 
 @dataclass(frozen=True, slots=True)
 class PcSettings:
     """Everything the PC reads from ``[pc]``, with keys and descriptors loaded."""
 
-    index: str | None
+    index: str | tuple[str, ...] | None  # one IS base URI, or several (IndexClient fails over)
     scope_keys: Mapping[bytes, ScopeKey] = field(default_factory=lambda: MappingProxyType({}))
     descriptors: Mapping[bytes, CompatDescriptor] = field(default_factory=lambda: MappingProxyType({}))
     min_active: int = 1
@@ -68,6 +78,8 @@ class PcSettings:
     operators: frozenset[str] = frozenset()
     instances: frozenset[str] | None = None
     deterministic_methods: frozenset[str] = frozenset({"greedy"})
+    backend: BackendConfig = EMBEDDED
+    lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS
 
     @property
     def check_interval_s(self) -> float:
@@ -89,7 +101,7 @@ class PcSettings:
             if name not in KNOWN_KEYS:
                 raise ValidationError(f"pc.{name}", f"unknown key; known: {sorted(KNOWN_KEYS)}")
         r = ObjectReader(section, "pc")
-        index = r.optional("index", lambda n: check_uri(r.raw(n), r.member(n)))
+        index = r.optional("index", lambda n: parse_index_uris(r.raw(n), r.member(n)))
         if index is None and "is" in config.roles:
             index = config.server.base_uri  # combined PC + IS: look up at ourselves
         instances = r.optional("instances", lambda n: _identities(r, n))
@@ -107,6 +119,8 @@ class PcSettings:
             instances=instances,
             deterministic_methods=r.optional("deterministic_methods", lambda n: _names(r, n))
             or frozenset({"greedy"}),
+            backend=backend_of(section, "pc", config.base_dir),
+            lease_ttl_ms=_int(r, "lease_ttl_ms", DEFAULT_LEASE_TTL_MS, minimum=MIN_LEASE_TTL_MS),
         )
 
 

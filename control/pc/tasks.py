@@ -1,11 +1,12 @@
-"""Background work of the PC adapter: a set of tasks owned by the app, and bounded retry pacing."""
+"""Background work of the PC adapter: a set of tasks owned by the app, bounded retry pacing, and the
+per-key ordering of store writes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Final
 
 log = logging.getLogger("kvsp.pc")
@@ -49,6 +50,11 @@ class Background:
         if not task.cancelled() and task.exception() is not None:
             log.error("PC task %s failed", task.get_name(), exc_info=task.exception())
 
+    def cancel_all(self) -> None:
+        """Cancel every task now (the PC stepped down: what they would deliver is no longer its to send)."""
+        for task in list(self._tasks):
+            task.cancel()
+
     async def close(self) -> None:
         self._closed = True
         tasks = list(self._tasks)
@@ -57,3 +63,34 @@ class Background:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+class KeyedOrder:
+    """Writes of one key go out one at a time, in the order they asked (asyncio.Lock is FIFO).
+
+    A write reads the latest in-memory state of its key once it holds the key, so two writes of one
+    session never reach the store out of order (which the store would refuse as a lower epoch), while
+    writes of different sessions go out concurrently."""
+
+    __slots__ = ("_locks",)
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (None, 0))
+        lock = lock or asyncio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users > 1:
+                self._locks[key] = (lock, users - 1)
+            else:
+                del self._locks[key]

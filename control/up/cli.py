@@ -49,6 +49,9 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--moqt", action=argparse.BooleanOptionalAction, default=True,
                    help="instances fetch the cache holder's blocks over MOQT (default; --no-moqt: HTTPS)")
     p.add_argument("--port", type=int, default=0, help="the front end's port (default: a free one)")
+    p.add_argument("--backend", choices=("memory", "redis"), default="memory",
+                   help="where the PC keeps its state: 'memory' (one PC, the default) or 'redis' (a local "
+                        "redis-server that kvsp up starts, and two PCs on it: leader and standby)")
     p.add_argument("--keep-running", action="store_true", help="leave the system up after the report")
     p.add_argument("--no-baseline", action="store_true", help="skip the run without cache")
     p.add_argument("--restart-delay", type=float, default=2.0, help="seconds before a dead process is restarted")

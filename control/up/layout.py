@@ -10,6 +10,11 @@
 Processes of the main phase: ``pc`` (PC + IS), ``h1`` (cache-server holder: host + local-storage
 tiers), ``relay1`` when the relay role is available, ``ii1`` and ``ii2`` (instance + holder) and ``fe``
 (the front end).  Every configuration is plain TOML that ``kvsp serve ROLE --config FILE`` reads.
+
+With ``--backend redis`` (decision D7) the main phase keeps the PC's state in a local Redis that
+``kvsp up`` starts itself (``RUN/redis/``, with AOF): ``is`` (the IS alone), ``pc`` and ``pc2`` (two
+PCs, leader and standby, one identity: both present the ``pc`` certificate), and the instances and the
+front end are configured with both PCs.  The baseline phase stays embedded.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from kvsp.pki import RoleSpec, make_dev_pki
 
 TENANTS: Final = ("public", "acme")
 INSTANCES: Final = ("ii1", "ii2")
+BACKENDS: Final = ("memory", "redis")
+PAIR: Final = ("pc", "pc2")  # the PCs of the main phase with backend "redis"
 SCRAPER: Final = "up"
 HF_BLOCK_TOKENS: Final = 16  # the identity kvsp up itself uses (metrics, health)
 
@@ -46,6 +53,8 @@ class UpOptions:
     status_ttl_ms: int = 2000
     frontend_port: int = 0  # 0: a free port
     moqt_fetch: bool = False  # instances read the cache holder's blocks over MOQT (its moqt:// replicas)
+    backend: str = "memory"  # the main phase's PC state: "memory" (one PC + IS) or "redis" (two PCs, an IS)
+    lease_ttl_ms: int = 2000  # backend "redis": the PCs' leader lease
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +67,7 @@ class Deployment:
     api_keys: Mapping[str, str]  # tenant -> key file (tenants without one are anonymous)
     uris: Mapping[str, str]
     phases: Mapping[str, tuple[Proc, ...]] = field(default_factory=dict)
+    redis_port: int | None = None  # backend "redis": the local Redis kvsp up starts (RUN/redis/)
 
     @property
     def frontend_url(self) -> str:
@@ -72,7 +82,15 @@ class Deployment:
         doc = json.loads((run_dir / "deployment.json").read_text())
         phases = {name: tuple(Proc(**p) for p in procs) for name, procs in doc["phases"].items()}
         return cls(str(run_dir), doc["model"], doc["model_name"], doc["tokenizer"], doc["frontend_urls"],
-                   doc["api_keys"], doc["uris"], phases)
+                   doc["api_keys"], doc["uris"], phases, doc.get("redis_port"))
+
+    @property
+    def redis_url(self) -> str | None:
+        return None if self.redis_port is None else f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def pcs(self, phase: str) -> list[str]:
+        """The base URIs of the phase's PCs (two with backend "redis")."""
+        return [p.uri for p in self.phases[phase] if p.roles.split(",")[0] == "pc"]
 
 
 def relay_available() -> bool:
@@ -114,20 +132,24 @@ class _Shared:
     fe_ports: dict[str, int]  # phase -> public port of its front end
     relay: bool
     moqt_ports: dict[str, int]
+    redis_url: str | None = None  # backend "redis": the main phase's PCs keep their state there
 
 
-def phase_names(relay: bool) -> dict[str, list[str]]:
+def phase_names(relay: bool, backend: str = "memory") -> dict[str, list[str]]:
     """The process names of each phase; the baseline runs beside the main phase, on its own ports."""
-    main = ["pc", *(["relay1"] if relay else []), "h1", *INSTANCES, "fe"]  # the relay before its publisher
+    control = ["is", *PAIR] if backend == "redis" else ["pc"]
+    main = [*control, *(["relay1"] if relay else []), "h1", *INSTANCES, "fe"]  # the relay before its publisher
     return {"main": main, "baseline": [f"{n}{BASELINE_SUFFIX}" for n in ("pc", *INSTANCES, "fe")]}
 
 
 def prepare(run_dir: Path, options: UpOptions) -> Deployment:
     """Write the PKI, policies, keys and both phases' configs; return what was written."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    if options.backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}")
     descriptor, engine, tokenizer = model_of(options)
     relay = relay_available() if options.relay is None else options.relay
-    names = phase_names(relay)
+    names = phase_names(relay, options.backend)
     uris = {n: f"https://127.0.0.1:{free_port()}/{n}/" for n in [*names["main"], *names["baseline"], SCRAPER]}
     make_dev_pki(run_dir / "pki", [RoleSpec(n, u) for n, u in uris.items()])
     (run_dir / "model.json").write_text(json.dumps(descriptor.to_json()))
@@ -137,12 +159,14 @@ def prepare(run_dir: Path, options: UpOptions) -> Deployment:
     _write_secret(run_dir / "acme.apikey", "sk-kvsp-" + secrets.token_hex(24))
     moqt_ports = {n: free_port(socket.SOCK_DGRAM) for n in ("h1", "relay1")}
     fe_ports = {"main": options.frontend_port or free_port(), "baseline": free_port()}
-    shared = _Shared(uris, scopes, engine, tokenizer, descriptor, fe_ports, relay, moqt_ports)
+    redis_port = free_port() if options.backend == "redis" else None
+    redis_url = None if redis_port is None else f"redis://127.0.0.1:{redis_port}/0"
+    shared = _Shared(uris, scopes, engine, tokenizer, descriptor, fe_ports, relay, moqt_ports, redis_url)
     phases = {phase: _write_phase(run_dir, phase, shared, options, names[phase]) for phase in ("main", "baseline")}
     model_name = "kvsp-test" if engine == "test" else descriptor.model
     deployment = Deployment(str(run_dir), options.model, model_name, tokenizer,
                             {p: f"http://127.0.0.1:{port}" for p, port in fe_ports.items()},
-                            {"acme": "acme.apikey"}, uris, phases)
+                            {"acme": "acme.apikey"}, uris, phases, redis_port)
     deployment.save()
     return deployment
 
@@ -172,16 +196,29 @@ def _write_phase(run_dir: Path, phase: str, s: _Shared, options: UpOptions, name
     model = "../model.json"
     procs: list[Proc] = []
 
-    def write(role: str, roles: list[str], *sections: configs.Section, instance: bool = False) -> None:
+    def write(role: str, roles: list[str], *sections: configs.Section, instance: bool = False,
+              cert: str | None = None) -> None:
         name = role + suffix
-        configs.RoleFile(roles, uri[role], configs.Tls.of(name, "../pki"), "policy.toml", sections=sections).write(
-            folder / f"{name}.toml")
+        tls = configs.Tls.of(cert or name, "../pki")
+        configs.RoleFile(roles, uri[role], tls, "policy.toml", sections=sections).write(folder / f"{name}.toml")
         procs.append(Proc(name, ",".join(roles), uri[role], f"{phase}/{name}.toml", f"{phase}/logs/{name}.log",
                           instance))
 
-    write("pc", ["pc", "is"], configs.IndexSection(descriptors=[model]),
-          configs.PcSection(scope_keys=keys, descriptors=[model], status_check_interval_ms=100, call_timeout_ms=5000))
-    holder = configs.HolderSection(index=uri["pc"], descriptors=[model], replica_ttl_ms=120_000)
+    pc_section = configs.PcSection(scope_keys=keys, descriptors=[model], status_check_interval_ms=100,
+                                   call_timeout_ms=5000)
+    pair = cache and s.redis_url is not None
+    index = uri["is"] if pair else uri["pc"]
+    if pair:
+        assert s.redis_url is not None
+        write("is", ["is"], configs.IndexSection(descriptors=[model]))
+        pc_section = replace(pc_section, index=index, backend="redis", lease_ttl_ms=options.lease_ttl_ms,
+                             redis=configs.RedisTable(s.redis_url))
+        for name in PAIR:  # one PC identity (the policy's, D2): both present the pc certificate
+            write(name, ["pc"], pc_section, cert="pc")
+    else:
+        write("pc", ["pc", "is"], configs.IndexSection(descriptors=[model]), pc_section)
+    pcs: str | list[str] = [uri[n] for n in PAIR] if pair else uri["pc"]
+    holder = configs.HolderSection(index=index, descriptors=[model], replica_ttl_ms=120_000)
     h1_moqt = f"127.0.0.1:{s.moqt_ports['h1']}"
     relay_uri = f"moqt://127.0.0.1:{s.moqt_ports['relay1']}/relay1" if s.relay else None
     moqt_source = relay_uri or f"moqt://{h1_moqt}/h1"  # where the instances read moqt replicas
@@ -195,7 +232,7 @@ def _write_phase(run_dir: Path, phase: str, s: _Shared, options: UpOptions, name
             h1 = replace(h1, moqt_relay=relay_uri)
         write("h1", ["holder"], h1)
     for name in INSTANCES:
-        instance = _instance_section(s, options, uri, keys, model)
+        instance = replace(_instance_section(s, options, uri, keys, model), pc=pcs, index=index)
         if cache:
             peers = [p for p in INSTANCES if p != name]
             links = [configs.HolderLink(uri[h], 10_000.0, 100) for h in ("h1", *peers)]
@@ -210,7 +247,7 @@ def _write_phase(run_dir: Path, phase: str, s: _Shared, options: UpOptions, name
     tenants = {t: k.scope_id.hex() for t, k in s.scopes.items()}
     model_name = "kvsp-test" if s.engine == "test" else s.descriptor.model
     write("fe", ["frontend"], configs.FrontendSection(
-        pc=uri["pc"], listen=f"127.0.0.1:{s.fe_ports[phase]}", model=model_name, descriptor=model,
+        pc=pcs, listen=f"127.0.0.1:{s.fe_ports[phase]}", model=model_name, descriptor=model,
         tokenizer=s.tokenizer, tenants=tenants, api_keys={"acme": "../acme.apikey"},
         anonymous_tenant="public", stall_ms=1000))
     return tuple(procs)

@@ -4,6 +4,10 @@
 any cache (the baseline: the same requests, every prompt recomputed, no failure), then starts the
 whole system, runs the workload again while one instance is killed with SIGKILL and restarted, and
 prints the report.  ``--keep-running`` leaves the system up afterwards until Ctrl-C.
+
+``--backend redis`` (decision D7) first starts a local ``redis-server`` (``RUN/redis/``, with AOF, on a
+loopback port: `control.deploy.redis`), and the main phase runs two PCs on it, leader and standby;
+the Redis server is stopped after every role process.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from control.deploy.environment import child_env
+from control.deploy.redis import RedisServer, RedisUnavailable, start_redis
 from control.deploy.supervisor import StartError, Supervisor
 from control.frontend.tokenizer import load_tokenizer
 from control.up import report
@@ -66,23 +71,30 @@ def _api_keys(deployment: Deployment) -> dict[str, str]:
     return {t: (Path(deployment.run_dir) / f).read_text().strip() for t, f in deployment.api_keys.items()}
 
 
-def _pc_of(deployment: Deployment, phase: str) -> str:
-    return next(p.uri for p in deployment.phases[phase] if p.roles.startswith("pc"))
+async def _active_at_leader(http: aiohttp.ClientSession, pcs: list[str]) -> float:
+    """The active instances the leading PC counts (a standby counts none: its registry is empty)."""
+    best = 0.0
+    for pc in pcs:
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+            async with http.get(pc + "metrics", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                samples = parse_exposition(await resp.text())
+            best = max(best, labelled(samples, "kvsp_pc_instances", "state", "active"))
+    return best
 
 
 async def wait_ready(deployment: Deployment, phase: str = "main", sup: Supervisor | None = None,
                      timeout_s: float = READY_TIMEOUT_S) -> None:
-    """Until the phase's PC counts every instance as active and its front end answers its health check."""
+    """Until the phase's (leading) PC counts every instance as active and its front end answers its health
+    check."""
     deadline = time.monotonic() + timeout_s
-    pc, fe = _pc_of(deployment, phase), deployment.frontend_urls[phase]
+    pcs, fe = deployment.pcs(phase), deployment.frontend_urls[phase]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_context(_tls(deployment)))) as http:
         while time.monotonic() < deadline:
             with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                async with http.get(pc + "metrics", timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                    samples = parse_exposition(await resp.text())
+                active = await _active_at_leader(http, pcs)
                 async with http.get(fe + "/health", timeout=aiohttp.ClientTimeout(total=2)) as h:
                     fe_ok = h.status == 200
-                if fe_ok and labelled(samples, "kvsp_pc_instances", "state", "active") >= len(INSTANCES):
+                if fe_ok and active >= len(INSTANCES):
                     return
             if sup is not None:
                 for name, child in sup.children.items():
@@ -172,10 +184,31 @@ def checks(fig: report.Figures, kill_planned: bool) -> dict[str, bool]:
     return out
 
 
+def start_local_redis(deployment: Deployment) -> RedisServer | None:
+    """``--backend redis``: the main phase's Redis, with AOF (a restart keeps the PC's state)."""
+    if deployment.redis_port is None:
+        return None
+    try:
+        server = start_redis(Path(deployment.run_dir) / "redis", port=deployment.redis_port, appendonly=True)
+    except RedisUnavailable as exc:
+        raise UpError(f"--backend redis: {exc}") from exc
+    say(f"  redis: {server.url} (AOF in {server.directory})")
+    return server
+
+
 async def up(args: UpArgs) -> int:
     if args.options.model == "reference":
         args = replace(args, options=replace(args.options, model=str(await make_reference_model(args.run_dir))))
     deployment = prepare(args.run_dir, args.options)
+    redis = start_local_redis(deployment)
+    try:
+        return await _up(args, deployment)
+    finally:
+        if redis is not None:
+            redis.stop()
+
+
+async def _up(args: UpArgs, deployment: Deployment) -> int:
     names = ", ".join(f"{p.name} ({p.roles})" for p in deployment.phases["main"])
     say(f"kvsp up: run directory {deployment.run_dir}\n  processes: {names}")
     say(f"  model: {deployment.model_name} ({deployment.model}); front end: {deployment.frontend_url}/v1/completions")
@@ -330,7 +363,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else Path("kvsp-runs") / time.strftime("%Y%m%dT%H%M%S")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise UpError(f"{run_dir} exists and is not empty; give another --run-dir")
-    options = UpOptions(model=args.model, relay=args.relay, frontend_port=args.port, moqt_fetch=args.moqt)
+    options = UpOptions(model=args.model, relay=args.relay, frontend_port=args.port, moqt_fetch=args.moqt,
+                        backend=args.backend)
     up_args = UpArgs(run_dir.resolve(), options, spec_of(args), baseline=not args.no_baseline,
                      keep_running=args.keep_running, restart_delay_s=args.restart_delay, progress=not args.quiet)
     return run_cancellable(up(up_args))

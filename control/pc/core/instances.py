@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from control.pc.core.durable import InstanceRecord
 from control.pc.core.events import (
     InstanceFailed,
     SendStateChange,
@@ -108,6 +109,19 @@ class InstanceRegistry:
         """The last accepted record, with the PC's view of the state."""
         entry = self._entries.get(instance)
         return None if entry is None else entry.view()
+
+    def record(self, instance: str) -> InstanceRecord | None:
+        """What a store keeps of ``instance``: its last record (the highest epoch seen) and the PC's view."""
+        entry = self._entries.get(instance)
+        return None if entry is None else InstanceRecord(entry.status, entry.state)
+
+    def restore(self, record: InstanceRecord, now: float, grace_s: float = 0.0) -> None:
+        """Take an instance over from the store (a new leader).  Its record expires one ttl plus
+        ``grace_s`` from ``now``: expiry times are the old leader's clock, and a live instance reports
+        again within a ttl once it has found the new leader (the grace: a few attempts at PCs that are
+        gone or standing by)."""
+        expires_at = now + record.status.ttl_ms / 1000 + grace_s
+        self._entries[record.instance] = _Entry(record.status, record.state, expires_at)
 
     def eligible(self, now: float) -> list[InstanceStatus]:
         """Active, unexpired instances (sorted by URI): the only ones that may get work or prefetch."""

@@ -68,6 +68,27 @@ class ReshardCoordinator:
         pending = self._pending.get(map_id)
         return None if pending is None else pending.new.version
 
+    def moving_to(self, map_id: str) -> ShardMap | None:
+        """The map a move in progress goes to, or None."""
+        pending = self._pending.get(map_id)
+        return None if pending is None else pending.new
+
+    def maps(self) -> list[str]:
+        return sorted(self._maps)
+
+    def restore(self, current: ShardMap, moving_to: ShardMap | None) -> list[SendAbort]:
+        """Take a map over from the store (a new leader).  A move that was in progress is aborted: its
+        acknowledgements went to the old leader, and version v stays authoritative until a commit."""
+        self._maps[current.map] = current
+        if moving_to is None:
+            return []
+        try:
+            members = list(plan_reshard(current, moving_to, deadline_ms=1))
+        except ValidationError:  # a pair the coordinator accepted plans; this only guards a bad record
+            members = list(dict.fromkeys((*current.instances(), *moving_to.instances())))
+        abort = ReshardAbort(current.map, moving_to.version)
+        return [SendAbort(member, abort) for member in members]
+
     def next_deadline(self) -> float | None:
         """When `tick` next has work to do (the adapter arms one timer for it), or None."""
         return min((p.deadline for p in self._pending.values()), default=None)

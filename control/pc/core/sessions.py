@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
+from control.pc.core.durable import SessionRecord
 from control.pc.core.events import Ack, FailoverAction, ResumeSession, SessionStranded
 from kvsp.problems import Problem, ProblemError, ProblemType
 from kvsp.records import SessionCheckpoint
@@ -114,6 +115,19 @@ class SessionTable:
 
     def stranded(self) -> list[str]:
         return sorted(s.session for s in self._sessions.values() if s.stranded == NO_INSTANCE)
+
+    # -- durable state (control.pc.core.durable) ------------------------------------------------
+    def record(self, session: str) -> SessionRecord | None:
+        """What a store keeps of ``session`` (the PC adds what it knows beyond the table), or None."""
+        e = self._sessions.get(session)
+        if e is None:
+            return None
+        return SessionRecord(e.session, e.epoch, e.owner, e.checkpoint, e.scope_id, e.compat_id, e.stranded, e.closed)
+
+    def restore(self, record: SessionRecord, now: float) -> None:
+        """Take a session over from the store (a new leader): its idle timeout starts again at ``now``."""
+        self._insert(_Session(record.session, record.owner, record.epoch, record.checkpoint, now, record.stranded,
+                              record.closed, record.scope_id, record.compat_id))
 
     # -- placement and checkpoints -------------------------------------------------------------
     def open(self, session: str, owner: str, now: float, *, checkpoint: SessionCheckpoint | None = None,
