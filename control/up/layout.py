@@ -12,9 +12,10 @@ tiers), ``relay1`` when the relay role is available, ``ii1`` and ``ii2`` (instan
 (the front end).  Every configuration is plain TOML that ``kvsp serve ROLE --config FILE`` reads.
 
 With ``--backend redis`` (decision D7) the main phase keeps the PC's state in a local Redis that
-``kvsp up`` starts itself (``RUN/redis/``, with AOF): ``is`` (the IS alone), ``pc`` and ``pc2`` (two
-PCs, leader and standby, one identity: both present the ``pc`` certificate), and the instances and the
-front end are configured with both PCs.  The baseline phase stays embedded.
+``kvsp up`` starts itself (``RUN/redis/``, with AOF): ``pc`` and ``pc2`` (two PCs, leader and standby,
+one identity: both present the ``pc`` certificate), each with an IS on the same Redis; holders and
+instances are configured with both ISs, the instances and the front end with both PCs.  The baseline
+phase stays embedded.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import importlib.util
 import json
 import secrets
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Final
@@ -137,7 +138,7 @@ class _Shared:
 
 def phase_names(relay: bool, backend: str = "memory") -> dict[str, list[str]]:
     """The process names of each phase; the baseline runs beside the main phase, on its own ports."""
-    control = ["is", *PAIR] if backend == "redis" else ["pc"]
+    control = [*PAIR] if backend == "redis" else ["pc"]
     main = [*control, *(["relay1"] if relay else []), "h1", *INSTANCES, "fe"]  # the relay before its publisher
     return {"main": main, "baseline": [f"{n}{BASELINE_SUFFIX}" for n in ("pc", *INSTANCES, "fe")]}
 
@@ -204,20 +205,8 @@ def _write_phase(run_dir: Path, phase: str, s: _Shared, options: UpOptions, name
         procs.append(Proc(name, ",".join(roles), uri[role], f"{phase}/{name}.toml", f"{phase}/logs/{name}.log",
                           instance))
 
-    pc_section = configs.PcSection(scope_keys=keys, descriptors=[model], status_check_interval_ms=100,
-                                   call_timeout_ms=5000)
-    pair = cache and s.redis_url is not None
-    index = uri["is"] if pair else uri["pc"]
-    if pair:
-        assert s.redis_url is not None
-        write("is", ["is"], configs.IndexSection(descriptors=[model]))
-        pc_section = replace(pc_section, index=index, backend="redis", lease_ttl_ms=options.lease_ttl_ms,
-                             redis=configs.RedisTable(s.redis_url))
-        for name in PAIR:  # one PC identity (the policy's, D2): both present the pc certificate
-            write(name, ["pc"], pc_section, cert="pc")
-    else:
-        write("pc", ["pc", "is"], configs.IndexSection(descriptors=[model]), pc_section)
-    pcs: str | list[str] = [uri[n] for n in PAIR] if pair else uri["pc"]
+    index, pcs = _control_plane(write, uri, s, options, keys=keys, model=model,
+                                pair=cache and s.redis_url is not None)
     holder = configs.HolderSection(index=index, descriptors=[model], replica_ttl_ms=120_000)
     h1_moqt = f"127.0.0.1:{s.moqt_ports['h1']}"
     relay_uri = f"moqt://127.0.0.1:{s.moqt_ports['relay1']}/relay1" if s.relay else None
@@ -252,6 +241,26 @@ def _write_phase(run_dir: Path, phase: str, s: _Shared, options: UpOptions, name
         anonymous_tenant="public", stall_ms=1000))
     return tuple(procs)
 
+
+
+def _control_plane(write: Callable[..., None], uri: Mapping[str, str], s: _Shared, options: UpOptions, *,
+                   keys: dict[str, str], model: str, pair: bool) -> tuple[str | list[str], str | list[str]]:
+    """The PC and IS configs; returns the IS and PC URIs the other roles are configured with."""
+    pc_section = configs.PcSection(scope_keys=keys, descriptors=[model], status_check_interval_ms=100,
+                                   call_timeout_ms=5000)
+    if not pair:
+        write("pc", ["pc", "is"], configs.IndexSection(descriptors=[model]), pc_section)
+        return uri["pc"], uri["pc"]
+    assert s.redis_url is not None
+    # each PC process runs an IS too, both on the same Redis (keys apart by prefix): the index and the
+    # status board that prices lookup targets are shared, and clients fail over between the two ISs
+    redis = configs.RedisTable(s.redis_url)
+    is_section = configs.IndexSection(descriptors=[model], backend="redis", redis=redis)
+    pc_section = replace(pc_section, backend="redis", lease_ttl_ms=options.lease_ttl_ms, redis=redis)
+    for name in PAIR:  # one PC identity (the policy's, D2): both present the pc certificate
+        write(name, ["pc", "is"], is_section, pc_section, cert="pc")
+    both = [uri[n] for n in PAIR]
+    return both, both
 
 def _instance_section(s: _Shared, options: UpOptions, uri: Mapping[str, str], keys: Mapping[str, str],
                       model: str) -> configs.InstanceSection:
