@@ -337,3 +337,32 @@ async def test_client_fails_over_between_is_uris(world: World, redis_server: Red
         await IndexClient(world.session("pc"), [world.pki.uri("isb")]).publish(world.holder_record(1))
     assert exc.value.problem.status == 403
     assert IndexClient(world.session("pc"), world.pki.uri("isb")).base_uris == (world.pki.uri("isb"),)
+
+
+async def test_a_password_protected_redis_is_used_with_the_password_file_only(world: World, tmp_path: Path) -> None:
+    """``password_file`` (the password never sits in the TOML): the IS authenticates and serves; without the
+    file the same Redis refuses it, and the IS answers 503 rather than crash."""
+    server = start_redis(tmp_path / "auth", password="s3cret-pass")
+    try:
+        (world.pki.dir / "redis.pass").write_text("s3cret-pass\n")
+        prefix = fresh_prefix()
+        good = {**is_section(server.url, prefix)}
+        good["redis"] = {**good["redis"], "password_file": "redis.pass"}  # type: ignore[dict-item]
+        await world.serve("isa", good)
+        await world.serve("isb", is_section(server.url, prefix))  # no password
+        a, b = world.pki.uri("isa"), world.pki.uri("isb")
+        await IndexClient(world.session("h1"), a).publish(world.holder_record(0))
+        found = await IndexClient(world.session("pc"), a).lookup(LookupRequest(SCOPE, COMPAT, (key(0),)))
+        assert found.matched == 1
+        with pytest.raises(ProblemError) as refused:
+            await IndexClient(world.session("pc"), b).lookup(LookupRequest(SCOPE, COMPAT, (key(0),)))
+        assert refused.value.problem.status == 503
+        assert redis_cli_auth(server.port, "s3cret-pass", "DBSIZE") != "0"  # the record is in that Redis
+    finally:
+        server.stop(kill=True)
+
+
+def redis_cli_auth(port: int, password: str, *args: str) -> str:
+    cli = redis_binaries()[1]
+    return subprocess.run([cli, "-a", password, "--no-auth-warning", "-p", str(port), *args], capture_output=True,
+                          text=True, timeout=10, check=True).stdout.strip()
