@@ -183,6 +183,8 @@ def test_vllm_b_loads_the_prefix_vllm_a_stored(world: World, engines: dict[str, 
     assert a.generate([PREFIX])["outputs"][0]["tokens"]
     drained = a.ask(op="drain")
     assert drained["stats"]["stored_blocks"] == 4, drained  # every complete block of the prompt
+    wait_listed(world, list(BlockKeyChain(world.keys["a"], world.descriptor.compat_id, B).extend(PREFIX)),
+                world.pki.uri("h1"))  # the holder publishes a stored block a moment later
     reference = b.generate([PREFIX + SUFFIX], params={"kvsp_scope": "none"})  # no scope: the connector does nothing
     assert reference["stats"]["loaded_tokens"] == 0
     hit = b.generate([PREFIX + SUFFIX])
@@ -406,7 +408,7 @@ def test_moqt_fetch_through_the_relay(world: World, engines: dict[str, Engine]) 
 PREFIX7 = [(37 * i + 10) % 1900 + 20 for i in range(5 * B)]
 
 
-def test_a_prompt_prefilled_over_several_steps_stores_every_block(engines: dict[str, Engine]) -> None:
+def test_a_prompt_prefilled_over_several_steps_stores_every_block(world: World, engines: dict[str, Engine]) -> None:
     """D prefills 64 tokens per step, so a five-block prompt takes three steps: every complete block is stored
     (read from the paged cache in the step that completes the prompt), and B's load of them gives B's own
     output.  (D's loads over several steps are the MOQT test's.)"""
@@ -416,6 +418,8 @@ def test_a_prompt_prefilled_over_several_steps_stores_every_block(engines: dict[
     after = d.ask(op="drain")
     assert delta(before, after, "stored_blocks") == len(PREFIX7) // B, after
     assert delta(before, after, "store_errors") == 0
+    keys = list(BlockKeyChain(world.keys["a"], world.descriptor.compat_id, B).extend(PREFIX7))
+    wait_listed(world, keys, world.pki.uri("h1"))  # the holder publishes a stored block a moment later
     reference = b.generate([PREFIX7 + SUFFIX], params={"kvsp_scope": "none"})
     hit = b.generate([PREFIX7 + SUFFIX])
     assert delta(reference, hit, "loaded_tokens") == len(PREFIX7), (hit, b.tail())
