@@ -25,6 +25,9 @@ MAX_KV_HEADS: Final = 4096
 MAX_HEAD_DIM: Final = 65536
 MAX_BLOCK_TOKENS: Final = 1 << 20
 MAX_ADAPTERS: Final = 256
+# Unknown members are kept and written again (JCS) for the ID; a bound on their nesting keeps that from
+# running out of stack, which JSON nested close to the parser's own limit otherwise does.
+MAX_EXTRA_DEPTH: Final = 64
 _THETA: Final = re.compile(r"[1-9][0-9]{0,18}")
 _SCALING: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 
@@ -126,12 +129,26 @@ class CompatDescriptor:
         r = ObjectReader(value)
         fields = _validate(r)
         raw = value if isinstance(value, dict) else {}
-        extra = tuple(sorted((k, canonical_json(v).decode()) for k, v in raw.items() if k not in KNOWN_MEMBERS))
+        unknown = [(k, v) for k, v in raw.items() if k not in KNOWN_MEMBERS]
+        for k, v in unknown:
+            _check_depth(v, k)
+        extra = tuple(sorted((k, canonical_json(v).decode()) for k, v in unknown))
         return cls(**fields, extra=extra)  # type: ignore[arg-type]
 
     @classmethod
     def from_bytes(cls, data: bytes | str) -> CompatDescriptor:
         return cls.from_json(parse_json(data))
+
+
+def _check_depth(value: object, member: str) -> None:
+    """Refuse nesting deeper than `MAX_EXTRA_DEPTH`, level by level (no recursion to run out of)."""
+    level = [value]
+    for _ in range(MAX_EXTRA_DEPTH):
+        level = [v for item in level
+                 for v in (item.values() if isinstance(item, dict) else item if isinstance(item, list) else ())]
+        if not level:
+            return
+    raise ValidationError(member, f"must not nest more than {MAX_EXTRA_DEPTH} levels deep")
 
 
 def _validate(r: ObjectReader) -> dict[str, object]:

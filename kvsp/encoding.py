@@ -124,7 +124,9 @@ def canonical_json(value: Any) -> bytes:
         pass
     try:
         return rfc8785.dumps(value)
-    except rfc8785.CanonicalizationError as exc:
+    except (rfc8785.CanonicalizationError, UnicodeEncodeError) as exc:
+        # rfc8785 sorts member names by their UTF-16 form before it checks them: a lone surrogate in a
+        # name fails that encode as a UnicodeEncodeError, not as its own error.
         raise ValidationError("$", f"cannot be canonicalised with JCS ({exc})") from exc
 
 

@@ -146,25 +146,30 @@ class LayerCheck:
         if obj.group != BLOCK_GROUP or obj.object_id != self.expected:
             raise ContainerError(f"object {obj.group}/{obj.object_id} where layer {self.expected} was expected")
         k_length = k_length_of(obj, self.codec)
-        self._check_size(obj.object_id, k_length, obj.payload.nbytes)
+        token_count = self._check_size(obj.object_id, k_length, obj.payload.nbytes)
         view = LayerView(obj.object_id, obj.payload, k_length)
         actual = view.digest()
         if self.layer_digests:
             want = self.layer_digests[view.layer] if view.layer < len(self.layer_digests) else None
             if want != actual:
                 raise LayerDigestMismatchError(view.layer, want, actual)
+        # Only a layer that passed every check changes the state: a refused one leaves the next try as it was.
+        self.token_count = token_count
         self.digests.append(actual)
         self.lengths.append((k_length, obj.payload.nbytes - k_length))
         return view
 
-    def _check_size(self, layer: int, k_length: int, size: int) -> None:
+    def _check_size(self, layer: int, k_length: int, size: int) -> int | None:
+        """The token count after this layer (a raw block's first layer gives it when it was unknown)."""
         if self.codec != Codec.RAW or self.geometry is None:
-            return
-        if self.token_count is None:
-            self.token_count = tokens_from_geometry(k_length, self.geometry)
-        want = 2 * self.geometry.section_length(self.token_count)
+            return self.token_count
+        token_count = self.token_count
+        if token_count is None:
+            token_count = tokens_from_geometry(k_length, self.geometry)
+        want = 2 * self.geometry.section_length(token_count)
         if size != want:
             raise ContainerError(f"layer {layer}: {size} octets, the geometry says {want}")
+        return token_count
 
     def replica_digest(self) -> bytes:
         """SHA-256 of the layer digests received, in order (section 4.3)."""
@@ -237,11 +242,13 @@ class BlockAssembly:
             raise ContainerError(f"the layers exceed the replica's {self.capacity} octets")
         self.reserve()
         slot = self._view[self._cursor : self._cursor + size]
-        if obj.payload.obj is not self._view.obj:  # not assembled in place (a caller's own object): copy it
+        copied = obj.payload.obj is not self._view.obj
+        if copied:  # not assembled in place (a caller's own object): copy it
             slot[:] = obj.payload
+        view = self.check.check(MoqtObject(obj.group, obj.object_id, slot, obj.extensions, obj.subgroup, obj.status))
+        if copied:  # only once it passed: a refused object must not move the allocator past its slot
             self._allocated = max(self._allocated, self._cursor + size)
             self._next_slot = max(self._next_slot, obj.object_id + 1)
-        view = self.check.check(MoqtObject(obj.group, obj.object_id, slot, obj.extensions, obj.subgroup, obj.status))
         self._cursor += size
         return view
 

@@ -86,7 +86,8 @@ class Problem:
         r = ObjectReader(value)
         kind = r.optional("type", r.str) or "about:blank"
         status = r.int("status", minimum=100, maximum=599)
-        title = r.optional("title", r.str) or ""
+        # An absent title reads as "" and is written as "": both must parse (RFC 9457 makes it optional).
+        title = r.optional("title", lambda n: r.str(n, nonempty=False)) or ""
         detail = r.optional("detail", lambda n: r.str(n, max_length=65536, nonempty=False))
         return cls(kind, status, title, detail)
 

@@ -327,9 +327,12 @@ def _scopes(value: object) -> Iterable[bytes]:
         if not isinstance(item, str) or len(item) != 2 * SCOPE_ID_OCTETS or item != item.lower():
             raise MalformedTokenError("scope IDs are 32 lowercase hex digits")
         try:
-            yield bytes.fromhex(item)
+            scope = bytes.fromhex(item)
         except ValueError as exc:
             raise MalformedTokenError("scope IDs are 32 lowercase hex digits") from exc
+        if scope.hex() != item:  # fromhex also skips whitespace, which would make a shorter scope ID
+            raise MalformedTokenError("scope IDs are 32 lowercase hex digits")
+        yield scope
 
 
 def _namespaces(value: object) -> Iterable[tuple[bytes, ...]]:

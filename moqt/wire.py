@@ -292,5 +292,11 @@ def push_reason_phrase(writer: Writer, reason: str, limit: int = MAX_REASON_PHRA
 
 
 def pull_reason_phrase(reader: Reader, limit: int = MAX_REASON_PHRASE_LENGTH) -> str:
-    """UTF-8 diagnostic text; undecodable octets are replaced (the text carries no semantics)."""
-    return str(reader.pull_length_prefixed(limit, "Reason Phrase"), "utf-8", "replace")
+    """UTF-8 diagnostic text; undecodable octets are replaced (the text carries no semantics).
+
+    A replacement character is three octets, so the text is cut to re-encode within ``limit``: a relay
+    passes a peer's reason on (SUBSCRIBE_ERROR, PUBLISH_DONE), and what it read must be sendable again.
+    """
+    text = str(reader.pull_length_prefixed(limit, "Reason Phrase"), "utf-8", "replace")
+    encoded = text.encode("utf-8")
+    return text if len(encoded) <= limit else encoded[:limit].decode("utf-8", "ignore")

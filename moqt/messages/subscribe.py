@@ -245,6 +245,22 @@ class PublishDone(ControlMessage):
                    pull_reason_phrase(reader, profile.max_reason_phrase_length))
 
 
+def location_after(location: Location) -> Location:
+    """The next Location: the next object, after a group's last Object ID the next group's first.
+
+    Locations come from the peer (a Largest Location), so the varint's end is reached: nothing follows
+    the largest Location, which is its own successor.
+    """
+    if location.object < VARINT_MAX:
+        return Location(location.group, location.object + 1)
+    return next_group(location)
+
+
+def next_group(location: Location) -> Location:
+    """The first Location of the group after ``location``'s (the largest Location after the last group)."""
+    return Location(location.group + 1, 0) if location.group < VARINT_MAX else Location(VARINT_MAX, VARINT_MAX)
+
+
 def filter_start(filter_type: FilterType | None, start: Location | None, largest: Location | None) -> Location | None:
     """The subscription's Start Location once the publisher's Largest Location is known."""
     if filter_type in (FilterType.ABSOLUTE_START, FilterType.ABSOLUTE_RANGE):
@@ -252,5 +268,5 @@ def filter_start(filter_type: FilterType | None, start: Location | None, largest
     if largest is None:
         return Location(0, 0)
     if filter_type == FilterType.LARGEST_OBJECT:
-        return Location(largest.group, largest.object + 1)
-    return Location(largest.group + 1, 0)
+        return location_after(largest)
+    return next_group(largest)

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from moqt.kinds import FilterType, RequestError
-from moqt.messages.subscribe import filter_start
-from moqt.wire import Location
+from moqt.messages.subscribe import filter_start, location_after
+from moqt.wire import VARINT_MAX, Location
 
 
 def fetch_stop(end: Location) -> Location:
-    """The exclusive bound of a FETCH's End Location ("plus 1"; object 0 means the whole group)."""
-    return Location(end.group + 1, 0) if end.object == 0 else end
+    """The exclusive bound of a FETCH's End Location ("plus 1"; object 0 means the whole group).
+
+    The last group the wire can name has no next group: the whole of it stops at the largest Location
+    (leaving out its object 2**62-1 alone), so that a peer's FETCH up to it is a range, not an error.
+    """
+    if end.object:
+        return end
+    return Location(end.group + 1, 0) if end.group < VARINT_MAX else Location(VARINT_MAX, VARINT_MAX)
 
 
 def check_fetch(start: Location, end: Location, largest: Location | None) -> RequestError | None:
@@ -23,7 +29,7 @@ def check_fetch(start: Location, end: Location, largest: Location | None) -> Req
 
 def fetch_ok_end(end: Location, largest: Location) -> Location:
     """FETCH_OK's End Location: the request's, or just past ``largest`` when it asked beyond it."""
-    after_largest = Location(largest.group, largest.object + 1)
+    after_largest = location_after(largest)
     return after_largest if fetch_stop(end) > after_largest else end
 
 
