@@ -18,8 +18,9 @@ from control.backend import BackendConfig, RedisConfig
 from control.pc.core import InstanceRegistry, ReshardCoordinator, SendAbort, SessionTable
 from control.pc.core.durable import InstanceRecord, MapRecord, SessionRecord, Snapshot
 from control.pc.core.leadership import Leadership, LeaseTiming, Role
+from control.pc.leader import NotLeader
 from control.pc.metrics import PcMetrics
-from control.pc.service import NotLeader, PlacementController
+from control.pc.service import PlacementController
 from control.pc.settings import PcSettings
 from control.pc.store import MemoryStore, StoreUnavailable, make_holder
 from control.pc.tasks import KeyedOrder

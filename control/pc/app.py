@@ -44,8 +44,9 @@ from aiohttp import web
 from control.http import identity, json_response, not_found, read_json
 from control.index.app import status_board_of
 from control.pc.client import InstanceClient
+from control.pc.leader import NotLeader
 from control.pc.metrics import PcCollector, PcMetrics
-from control.pc.service import NotLeader, PlacementController
+from control.pc.service import PlacementController
 from control.pc.settings import PcSettings
 from control.pc.store import PcStore
 from kvsp.client.http import ClientOptions, KvspSession
