@@ -275,3 +275,19 @@ async def test_draining_finishes_in_flight_sessions_then_sleeps(pki: DevPki, tmp
         await w.wait_for(lambda: any(st.state is InstanceState.SLEEPING for _, st in w.pc.statuses), "reported")
         status, body = await w.call("pc", "PUT", w.url("ii1", "state"), {"state": "active"})
         assert status == 200 and body == {"state": "active"}
+
+
+async def test_a_context_longer_than_the_lookup_quota_loads_the_prefix_the_quota_allows(
+        pki: DevPki, tmp_path: Path) -> None:
+    """keys_per_lookup = 1 and a prompt of two cached blocks: the IS refuses a lookup of two keys, so the
+    instance asks for the first only, loads it and computes the rest (it used to load nothing)."""
+    async with world(pki, tmp_path, quotas=Quotas(keys_per_lookup=1)) as w:
+        for block in (0, 1):  # each published (the test's own lookups are bounded by the quota too)
+            await w.put_blocks(PROMPT, [block])
+        s = sid()
+        assert (await w.call("pc", "POST", w.url("ii1", f"sessions/{s}/start"),
+                             start_body(s, greedy_sampler(), max_tokens=3)))[0] == 202
+        lines = await w.stream("ii1", s)
+        assert [t for _, _, t in tokens_of(lines)] == reference_tokens(PROMPT, 3, greedy_sampler())
+        assert await w.metric("ii1", 'kvsp_instance_tokens_fetched_total{source="remote"}') == B
+        assert await w.metric("ii1", "kvsp_instance_tokens_recomputed_total") == len(PROMPT) - B

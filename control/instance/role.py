@@ -122,13 +122,16 @@ class InstanceRole:
             raise NotStarted("the instance role has not started")
         return self._replicator
 
+    def _index_client(self, session: KvspSession) -> IndexClient:
+        return IndexClient(session, self.settings.index, max_lookup_keys=self.config.policy.quotas.keys_per_lookup)
+
     def fetcher(self, lease_ms: int | None, deadline_s: float | None) -> BlockFetcher:
         """moqt:// replicas compete with https ones on the reported links' cost when ``moqt_fetch`` is set."""
         session = self._session()
         options = FetchOptions(lease_ms=lease_ms, deadline_s=deadline_s, geometry=self.geometry,
                                links=self.settings.links, concurrency=self.settings.limits.fetch_concurrency,
                                local_relay=self.settings.moqt_relay)
-        return BlockFetcher(session, IndexClient(session, self.settings.index), holder=HolderClient(session),
+        return BlockFetcher(session, self._index_client(session), holder=HolderClient(session),
                             options=options, stats=self.stats, moqt=self._moqt)
 
     def _moqt_client(self) -> MoqtBlockClient | None:
@@ -181,7 +184,7 @@ class InstanceRole:
             batch=asyncio.Semaphore(limits.batch_size), prefill=prefill, decode=decode,
             metrics=self.metrics, limits=limits, geometry=self.geometry, block_tokens=block_tokens,
             layerwise=settings.layerwise, live=live)
-        self._prefetch = PrefetchRunner(self.tracker, tiers, index=lambda: IndexClient(session, settings.index),
+        self._prefetch = PrefetchRunner(self.tracker, tiers, index=lambda: self._index_client(session),
                                         fetchers=self.fetcher, clock=self.clock, metrics=self.metrics,
                                         concurrency=limits.prefetch_concurrency, block_tokens=block_tokens)
         deps = dataclasses.replace(deps, prefetched=self._prefetch.settled)

@@ -9,6 +9,7 @@ took effect but whose answer was lost reads as "none there" (False), which calle
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from urllib.parse import urlencode, urljoin
 
@@ -16,9 +17,11 @@ from kvsp.client.http import KvspSession, TransportError
 from kvsp.identifiers import check_role_id, role_id
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import LookupRequest, LookupResponse, ReplicaRecord
+from kvsp.service.policy import Quotas
 
 # One IS base URI, or several in order of preference (configuration: a string or an array of strings).
 IndexUris = str | Sequence[str]
+DEFAULT_LOOKUP_KEYS = Quotas().keys_per_lookup  # the policy's default; roles pass their policy's value
 
 
 def index_uris(value: IndexUris) -> tuple[str, ...]:
@@ -30,8 +33,10 @@ def index_uris(value: IndexUris) -> tuple[str, ...]:
 
 
 class IndexClient:
-    def __init__(self, session: KvspSession, base_uri: IndexUris) -> None:
+    def __init__(self, session: KvspSession, base_uri: IndexUris, *,
+                 max_lookup_keys: int = DEFAULT_LOOKUP_KEYS) -> None:
         self.session = session
+        self.max_lookup_keys = max_lookup_keys  # the policy's keys_per_lookup: the IS refuses longer lookups
         self.base_uris = index_uris(base_uri)
         self._current = 0  # the IS that answered last: where the next request goes first
 
@@ -94,6 +99,10 @@ class IndexClient:
         return True
 
     async def lookup(self, request: LookupRequest) -> LookupResponse:
+        """Longest-prefix lookup of at most ``max_lookup_keys`` leading keys: a longer context gets its
+        prefix among those (the rest is computed), where the whole lookup would be refused."""
+        if len(request.block_keys) > self.max_lookup_keys:
+            request = dataclasses.replace(request, block_keys=request.block_keys[: self.max_lookup_keys])
         _, body = await self._request("POST", "lookup", request)
         # matched never exceeds the keys asked for; the IS's quota may be above the parser's default.
         response = LookupResponse.from_json(body, max_keys=len(request.block_keys))
