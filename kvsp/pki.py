@@ -72,7 +72,16 @@ def _load_or_make_ca(directory: Path, now: dt.datetime) -> tuple[x509.Certificat
         key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
         if not isinstance(key, ec.EllipticCurvePrivateKey):
             raise ValidationError(str(key_path), "must be an EC private key")
+        if cert.public_key() != key.public_key():
+            raise ValidationError(str(key_path), f"is not the key of {cert_path}: restore the CA's own key")
         return cert, key
+    # Half a CA is never replaced: a new CA would silently stop every certificate the old one issued
+    # from being trusted by the roles that still have the old ca.pem.
+    if cert_path.exists() or key_path.exists():
+        present, missing = (cert_path, key_path) if cert_path.exists() else (key_path, cert_path)
+        raise ValidationError(str(missing), f"is missing while {present} exists: restore it to issue certificates "
+                                            f"from this CA, or remove {present} to create a new CA (every "
+                                            "certificate of the old one stops being trusted)")
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kvsp development CA")])
     cert = (

@@ -37,6 +37,24 @@ def test_ca_is_reused(tmp_path: Path) -> None:
     assert (tmp_path / "ca.pem").read_bytes() == before
 
 
+@pytest.mark.parametrize("remove", ["ca.key", "ca.pem"])
+def test_half_a_ca_is_refused_not_replaced(tmp_path: Path, remove: str) -> None:
+    make_dev_pki(tmp_path, [RoleSpec.parse("a=https://a.test/")])
+    kept = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != remove}
+    (tmp_path / remove).unlink()
+    with pytest.raises(ValidationError, match="is missing while"):
+        make_dev_pki(tmp_path, [RoleSpec.parse("b=https://b.test/")])
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == kept  # nothing written
+
+
+def test_a_ca_key_that_is_not_the_certificates_is_refused(tmp_path: Path) -> None:
+    make_dev_pki(tmp_path / "one", [RoleSpec.parse("a=https://a.test/")])
+    make_dev_pki(tmp_path / "two", [RoleSpec.parse("a=https://a.test/")])
+    (tmp_path / "one" / "ca.key").write_bytes((tmp_path / "two" / "ca.key").read_bytes())
+    with pytest.raises(ValidationError, match="is not the key of"):
+        make_dev_pki(tmp_path / "one", [RoleSpec.parse("b=https://b.test/")])
+
+
 @pytest.mark.parametrize("text", ["noequals", "=https://x/", "a=http://x/", "a b=https://x/", "a=ftp://x"])
 def test_bad_role_specs(text: str) -> None:
     with pytest.raises(ValidationError):
