@@ -1,4 +1,5 @@
-"""MOQT (Media over QUIC Transport) for kvsp: wire codecs and a sans-I/O session, draft-14 by profile.
+"""MOQT (Media over QUIC Transport) for kvsp: wire codecs and a sans-I/O session, draft-14 and draft-16
+by profile (``DRAFT_14``, ``DRAFT_16``; docs/moqt-drafts.md lists what differs and where it lives).
 
 The session sits on an aioquic ``QuicConnection`` the way ``H3Connection`` does: feed it every QUIC
 event with ``handle_event`` and act on the returned MOQT events; its methods write to the connection.
@@ -60,11 +61,13 @@ from moqt.kinds import (
     SubgroupIdMode,
 )
 from moqt.params import AuthToken, RequestParameters, ResolvedToken, SetupParameters
-from moqt.profiles import DRAFT_14, Profile
+from moqt.profiles import DRAFT_14, DRAFT_16, PROFILES, Profile
 from moqt.wire import KeyValuePair, Location, Namespace
 
 __all__ = [
     "DRAFT_14",
+    "DRAFT_16",
+    "PROFILES",
     "AliasType",
     "AuthToken",
     "ControlMessageReceived",

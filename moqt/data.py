@@ -1,7 +1,9 @@
 """MOQT data streams and datagrams (draft-14 section 10): headers, object fields, parsers, encoders.
 
 The stream and datagram type code points come from the profile's ``data_framing`` table (read once
-per parser or writer); the field layout after the type is the one every draft since 14 shares.
+per parser or writer), as do draft-16's changes: types without a Publisher Priority (the
+subscription's applies), delta-coded extension types, no extensions on status objects, and fetch
+objects led by Serialization Flags (``moqt.data_fields``).
 
 Why this shape:
 
@@ -21,19 +23,44 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeAlias
 
+from moqt.data_fields import (
+    Extensions,
+    FetchFields,
+    FetchPrior,
+    FetchRangeEnd,
+    Payload,
+    after,
+    check_length_status,
+    check_no_object_open,
+    check_object,
+    check_status_extensions,
+    pull_extensions,
+    pull_flagged_fields,
+    pull_length_and_status,
+    pull_status,
+    push_flagged_fields,
+    push_length_status,
+    push_range_end,
+    take_part,
+    varint,
+)
 from moqt.errors import NeedMoreData, ProtocolViolation
 from moqt.kinds import ObjectStatus, SessionError, SubgroupIdMode
 from moqt.profiles import DRAFT_14, Profile
 from moqt.profiles.base import DatagramForm, SubgroupForm
-from moqt.wire import VARINT_MAX, Bytes, KeyValuePair, Reader, Writer, decode_kvp_block, encode_kvps, encode_varint
+from moqt.wire import VARINT_MAX, Bytes, KeyValuePair, Reader, Writer, encode_kvps
 
 DEFAULT_MAX_OBJECT_SIZE: Final = 64 * 1024 * 1024
 DEFAULT_MAX_EXTENSIONS_LENGTH: Final = 16 * 1024
 _HEADER_SLACK: Final = 64  # every fixed header field of any stream or object header fits in this
+DEFAULT_PUBLISHER_PRIORITY: Final = 128  # a default-priority header's, until the track says otherwise
 _PV: Final = SessionError.PROTOCOL_VIOLATION
 
-Extensions: TypeAlias = tuple[KeyValuePair, ...]
-Payload: TypeAlias = bytes | bytearray | memoryview
+__all__ = [  # with the value types of moqt.data_fields that the codecs' users name
+    "DEFAULT_MAX_EXTENSIONS_LENGTH", "DEFAULT_MAX_OBJECT_SIZE", "DEFAULT_PUBLISHER_PRIORITY", "DataEvent",
+    "DataStreamParser", "Extensions", "FetchHeader", "FetchRangeEnd", "FetchWriter", "ObjectDatagram",
+    "ObjectHeader", "Payload", "PayloadChunk", "StreamFinished", "StreamHeader", "SubgroupHeader", "SubgroupWriter",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +69,8 @@ class SubgroupHeader:
 
     ``subgroup_id`` is 0 for mode ZERO; for FIRST_OBJECT it is None when decoded (the first object's
     ID supplies it) and, when encoding, the ID the first object must carry (or None: unchecked).
+    ``default_priority`` (draft-16): the header has no Publisher Priority; decoded, the priority
+    reads 128 (the track's DEFAULT_PUBLISHER_PRIORITY is not applied yet).
     """
 
     track_alias: int
@@ -51,6 +80,7 @@ class SubgroupHeader:
     subgroup_id_mode: SubgroupIdMode = SubgroupIdMode.PRESENT
     extensions_present: bool = False
     end_of_group: bool = False
+    default_priority: bool = False
 
     def __post_init__(self) -> None:
         if self.subgroup_id_mode == SubgroupIdMode.ZERO and self.subgroup_id != 0:
@@ -62,14 +92,19 @@ class SubgroupHeader:
 
     @classmethod
     def create(cls, track_alias: int, group_id: int, subgroup_id: int = 0, publisher_priority: int = 128, *,
-               extensions_present: bool = False, end_of_group: bool = False) -> SubgroupHeader:
+               extensions_present: bool = False, end_of_group: bool = False,
+               default_priority: bool = False) -> SubgroupHeader:
         """The shortest type: Subgroup ID 0 is implied, any other is written out."""
         mode = SubgroupIdMode.ZERO if subgroup_id == 0 else SubgroupIdMode.PRESENT
-        return cls(track_alias, group_id, subgroup_id, publisher_priority, mode, extensions_present, end_of_group)
+        return cls(track_alias, group_id, subgroup_id, publisher_priority, mode, extensions_present, end_of_group,
+                   default_priority)
 
     def stream_type(self, profile: Profile = DRAFT_14) -> int:
-        form = SubgroupForm(self.subgroup_id_mode, self.extensions_present, self.end_of_group)
-        return profile.data_framing.subgroup_codes[form]
+        form = SubgroupForm(self.subgroup_id_mode, self.extensions_present, self.end_of_group, self.default_priority)
+        code = profile.data_framing.subgroup_codes.get(form)
+        if code is None:
+            raise ValueError(f"draft-{profile.draft} has no subgroup stream type for {form}")
+        return code
 
     def encode(self, profile: Profile = DRAFT_14) -> bytes:
         writer = Writer()
@@ -78,7 +113,8 @@ class SubgroupHeader:
         writer.push_varint(self.group_id)
         if self.subgroup_id_mode == SubgroupIdMode.PRESENT and self.subgroup_id is not None:
             writer.push_varint(self.subgroup_id)
-        writer.push_uint8(self.publisher_priority)
+        if not self.default_priority:
+            writer.push_uint8(self.publisher_priority)
         return writer.getvalue()
 
     @classmethod
@@ -91,7 +127,9 @@ class SubgroupHeader:
             subgroup = reader.pull_varint()
         elif mode == SubgroupIdMode.ZERO:
             subgroup = 0
-        return cls(alias, group, subgroup, reader.pull_uint8(), mode, form.extensions_present, form.end_of_group)
+        priority = DEFAULT_PUBLISHER_PRIORITY if form.default_priority else reader.pull_uint8()
+        return cls(alias, group, subgroup, priority, mode, form.extensions_present, form.end_of_group,
+                   form.default_priority)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,30 +179,8 @@ class StreamFinished:
     """The stream ended (FIN) at an object boundary."""
 
 
-DataEvent: TypeAlias = SubgroupHeader | FetchHeader | ObjectHeader | PayloadChunk | StreamFinished
-
-
-def _pull_status(reader: Reader, profile: Profile) -> ObjectStatus:
-    raw = reader.pull_varint()
-    status = profile.object_statuses.name(raw)
-    if status is None:
-        raise ProtocolViolation(_PV, f"unknown Object Status {raw}")
-    return status
-
-
-def _pull_extensions(reader: Reader, limit: int) -> Extensions:
-    length = reader.pull_length(limit, "Extension Headers")
-    return decode_kvp_block(reader.pull_bytes(length))
-
-
-def _pull_length_and_status(reader: Reader, limit: int, profile: Profile) -> tuple[int, ObjectStatus]:
-    length = reader.pull_length(limit, "Object Payload")
-    return length, (_pull_status(reader, profile) if length == 0 else ObjectStatus.NORMAL)
-
-
-def _check_status_extensions(status: ObjectStatus, extensions: Extensions) -> None:
-    if status == ObjectStatus.DOES_NOT_EXIST and extensions:
-        raise ProtocolViolation(_PV, "an Object that does not exist carries Extension Headers")
+#: ``FetchRangeEnd`` (draft-16) comes only on a fetch stream: objects known absent or unknown.
+DataEvent: TypeAlias = SubgroupHeader | FetchHeader | ObjectHeader | PayloadChunk | StreamFinished | FetchRangeEnd
 
 
 class DataStreamParser:
@@ -174,8 +190,12 @@ class DataStreamParser:
                  max_extensions_length: int = DEFAULT_MAX_EXTENSIONS_LENGTH, profile: Profile = DRAFT_14) -> None:
         self._profile = profile
         framing = profile.data_framing  # read once: a stream's header is parsed at most once per parser
+        self._framing = framing
         self._fetch_header = framing.fetch_header
         self._subgroup_types = framing.subgroup_types
+        self._delta = profile.layout.kvp_delta_types
+        self._fetch_prior = FetchPrior()
+        self._fetch_parsed: FetchFields | FetchRangeEnd | None = None  # the last parse, for _commit
         self._max_object = max_object_size
         self._max_ext = max_extensions_length
         self._max_header = _HEADER_SLACK + max_extensions_length
@@ -268,12 +288,26 @@ class DataStreamParser:
         header = self.header
         if isinstance(header, SubgroupHeader):
             return self._parse_subgroup_object(reader, header)
+        if self._framing.fetch_serialization_flags:
+            return self._parse_flagged_fetch_object(reader)
         group, subgroup, object_id = reader.pull_varint(), reader.pull_varint(), reader.pull_varint()
         priority = reader.pull_uint8()
-        extensions = _pull_extensions(reader, self._max_ext)
-        length, status = _pull_length_and_status(reader, self._max_object, self._profile)
-        _check_status_extensions(status, extensions)
+        extensions = pull_extensions(reader, self._max_ext, self._delta)
+        length, status = pull_length_and_status(reader, self._max_object, self._profile)
+        check_status_extensions(status, extensions, self._framing)
         return ObjectHeader(group, subgroup, object_id, priority, extensions, status, length)
+
+    def _parse_flagged_fetch_object(self, reader: Reader) -> DataEvent:
+        """Draft-16: Serialization Flags, the fields they keep, and no Object Status (length 0 is an
+        empty Normal object)."""
+        item = pull_flagged_fields(reader, self._fetch_prior)
+        self._fetch_parsed = item
+        if isinstance(item, FetchRangeEnd):
+            return item
+        extensions = pull_extensions(reader, self._max_ext, self._delta) if item.extensions_present else ()
+        length = reader.pull_length(self._max_object, "Object Payload")
+        return ObjectHeader(item.group_id, item.subgroup_id, item.object_id, item.priority, extensions,
+                            ObjectStatus.NORMAL, length)
 
     def _parse_subgroup_object(self, reader: Reader, header: SubgroupHeader) -> ObjectHeader:
         if self._ended_by_status:
@@ -282,15 +316,18 @@ class DataStreamParser:
         object_id = delta if self._prev_object_id is None else self._prev_object_id + delta + 1
         if object_id > VARINT_MAX:
             raise ProtocolViolation(_PV, "Object ID overflows")
-        extensions = _pull_extensions(reader, self._max_ext) if header.extensions_present else ()
-        length, status = _pull_length_and_status(reader, self._max_object, self._profile)
-        _check_status_extensions(status, extensions)
+        extensions = pull_extensions(reader, self._max_ext, self._delta) if header.extensions_present else ()
+        length, status = pull_length_and_status(reader, self._max_object, self._profile)
+        check_status_extensions(status, extensions, self._framing)
         subgroup = self._subgroup_id if self._subgroup_id is not None else header.subgroup_id
         return ObjectHeader(header.group_id, object_id if subgroup is None else subgroup, object_id,
                             header.publisher_priority, extensions, status, length)
 
     def _commit(self, event: DataEvent) -> None:
         """Apply a parsed header to the parser state (parses are retried, so they do not mutate)."""
+        if self._fetch_parsed is not None and isinstance(event, ObjectHeader | FetchRangeEnd):
+            self._fetch_prior = after(self._fetch_prior, self._fetch_parsed)
+            self._fetch_parsed = None
         if isinstance(event, SubgroupHeader | FetchHeader):
             self.header = event
             if isinstance(event, SubgroupHeader):
@@ -302,48 +339,6 @@ class DataStreamParser:
                 self._ended_by_status = event.status in (ObjectStatus.END_OF_GROUP, ObjectStatus.END_OF_TRACK)
             self._remaining = event.payload_length
             self._offset = 0
-
-
-def _check_object(payload: Payload, extensions: Sequence[KeyValuePair], status: ObjectStatus) -> None:
-    _check_length_status(len(payload), extensions, status)
-
-
-def _check_length_status(length: int, extensions: Sequence[KeyValuePair], status: ObjectStatus) -> None:
-    if length < 0 or length > VARINT_MAX:
-        raise ValueError(f"payload length {length} out of range")
-    if status != ObjectStatus.NORMAL and length:
-        raise ValueError("only a Normal object has a payload")
-    if status == ObjectStatus.DOES_NOT_EXIST and extensions:
-        raise ValueError("an Object that does not exist cannot carry Extension Headers")
-
-
-def _varint(value: int) -> bytes:
-    """Minimal QUIC varint (as ``moqt.wire.encode_varint``), without its table look-up and copies."""
-    if value < 0x40:
-        return bytes((value,)) if value >= 0 else encode_varint(value)
-    if value < 0x4000:
-        return (value | 0x4000).to_bytes(2, "big")
-    if value < 0x40000000:
-        return (value | 0x80000000).to_bytes(4, "big")
-    return (value | 0xC000000000000000).to_bytes(8, "big") if value <= VARINT_MAX else encode_varint(value)
-
-
-def _check_no_object_open(remaining: int) -> None:
-    if remaining:
-        raise ValueError(f"the object begun still owes {remaining} payload octets")
-
-
-def _take_part(remaining: int, part: Payload) -> int:
-    size = len(part) if not isinstance(part, memoryview) else part.nbytes
-    if size > remaining:
-        raise ValueError(f"a payload part of {size} octets exceeds the {remaining} the object still owes")
-    return remaining - size
-
-
-def _push_length_status(head: Writer, length: int, status: ObjectStatus, profile: Profile) -> None:
-    head.push_varint(length)
-    if not length:
-        head.push_varint(profile.object_statuses.code(status))
 
 
 @dataclass(slots=True)
@@ -366,7 +361,7 @@ class SubgroupWriter:
     def encode_object(self, object_id: int, payload: Payload = b"", *, extensions: Sequence[KeyValuePair] = (),
                       status: ObjectStatus = ObjectStatus.NORMAL) -> list[Payload]:
         """Object fields then the payload itself (not copied); Object IDs must increase."""
-        _check_object(payload, extensions, status)
+        check_object(payload, extensions, status)
         head = self.encode_object_header(object_id, len(payload), extensions=extensions, status=status)
         self.remaining = 0
         return [head, payload] if len(payload) else [head]
@@ -374,7 +369,7 @@ class SubgroupWriter:
     def encode_object_header(self, object_id: int, payload_length: int, *, extensions: Sequence[KeyValuePair] = (),
                              status: ObjectStatus = ObjectStatus.NORMAL) -> bytes:
         """The object's fields for a payload of ``payload_length`` octets that follows in parts."""
-        _check_no_object_open(self.remaining)
+        check_no_object_open(self.remaining)
         prev = self._prev_object_id
         if prev is not None and object_id <= prev:
             raise ValueError(f"Object ID {object_id} does not follow {prev} on this subgroup stream")
@@ -383,29 +378,35 @@ class SubgroupWriter:
             raise ValueError("the first Object ID must equal the Subgroup ID in FIRST_OBJECT mode")
         if extensions and not self.header.extensions_present:
             raise ValueError("this subgroup's header type has no Extension Headers")
-        _check_length_status(payload_length, extensions, status)
+        check_length_status(payload_length, extensions, status, self.profile.data_framing)
         head = Writer()
         head.push_varint(object_id if prev is None else object_id - prev - 1)
         if self.header.extensions_present:
-            head.push_length_prefixed(encode_kvps(list(extensions)))
-        _push_length_status(head, payload_length, status, self.profile)
+            head.push_length_prefixed(encode_kvps(list(extensions), delta=self.profile.layout.kvp_delta_types))
+        push_length_status(head, payload_length, status, self.profile)
         self._prev_object_id = object_id
         self.remaining = payload_length
         return head.getvalue()
 
     def payload_part(self, part: Payload) -> Payload:
         """Account for the next part of the object begun; returns it (not copied)."""
-        self.remaining = _take_part(self.remaining, part)
+        self.remaining = take_part(self.remaining, part)
         return part
 
 
 @dataclass(slots=True)
 class FetchWriter:
-    """Encodes the objects of one fetch stream (whole, or fields then payload parts: see SubgroupWriter)."""
+    """Encodes the objects of one fetch stream (whole, or fields then payload parts: see SubgroupWriter).
+
+    Draft-16 fetch objects start with Serialization Flags (fields equal to the prior object's are left
+    out) and carry no Object Status: a status other than Normal is refused, and ``encode_range_end``
+    writes an End of Range marker instead.
+    """
 
     header: FetchHeader
     profile: Profile = DRAFT_14
     remaining: int = field(default=0, init=False)
+    _prior: FetchPrior = field(default_factory=FetchPrior, init=False)
 
     def encode_header(self) -> bytes:
         return self.header.encode(self.profile)
@@ -413,7 +414,7 @@ class FetchWriter:
     def encode_object(self, group_id: int, subgroup_id: int, object_id: int, payload: Payload = b"", *,
                       publisher_priority: int = 128, extensions: Sequence[KeyValuePair] = (),
                       status: ObjectStatus = ObjectStatus.NORMAL) -> list[Payload]:
-        _check_object(payload, extensions, status)
+        check_object(payload, extensions, status)
         head = self.encode_object_header(group_id, subgroup_id, object_id, len(payload),
                                          publisher_priority=publisher_priority, extensions=extensions, status=status)
         self.remaining = 0
@@ -423,22 +424,50 @@ class FetchWriter:
                              publisher_priority: int = 128, extensions: Sequence[KeyValuePair] = (),
                              status: ObjectStatus = ObjectStatus.NORMAL) -> bytes:
         """The object's fields for a payload of ``payload_length`` octets that follows in parts."""
-        _check_no_object_open(self.remaining)
-        _check_length_status(payload_length, extensions, status)
+        check_no_object_open(self.remaining)
+        check_length_status(payload_length, extensions, status, self.profile.data_framing)
         if not 0 <= publisher_priority <= 0xFF:
             raise ValueError("Publisher Priority is 8 bits")
+        if self.profile.data_framing.fetch_serialization_flags:
+            fields = FetchFields(group_id, subgroup_id, object_id, publisher_priority, bool(extensions), False)
+            return self._flagged_header(fields, extensions, payload_length, status)
         # Built directly rather than through Writer: a relay writes one per object it passes on (hot path).
         ext = encode_kvps(list(extensions)) if extensions else b""
-        parts = [_varint(group_id), _varint(subgroup_id), _varint(object_id), bytes((publisher_priority,)),
-                 _varint(len(ext)), ext, _varint(payload_length)]
+        parts = [varint(group_id), varint(subgroup_id), varint(object_id), bytes((publisher_priority,)),
+                 varint(len(ext)), ext, varint(payload_length)]
         if not payload_length:
-            parts.append(_varint(self.profile.object_statuses.code(status)))
+            parts.append(varint(self.profile.object_statuses.code(status)))
         self.remaining = payload_length
         return b"".join(parts)
 
+    def _flagged_header(self, fields: FetchFields, extensions: Sequence[KeyValuePair], payload_length: int,
+                        status: ObjectStatus) -> bytes:
+        if status != ObjectStatus.NORMAL:
+            raise ValueError(f"draft-{self.profile.draft} fetch objects carry no Object Status")
+        head = Writer()
+        push_flagged_fields(head, self._prior, fields)
+        if extensions:
+            head.push_length_prefixed(encode_kvps(list(extensions), delta=self.profile.layout.kvp_delta_types))
+        head.push_varint(payload_length)
+        self._prior = after(self._prior, fields)
+        self.remaining = payload_length
+        return head.getvalue()
+
+    def encode_range_end(self, group_id: int, object_id: int, *, unknown: bool = False) -> bytes:
+        """Draft-16 End of Range: the objects after the last one sent, up to (group_id, object_id), do
+        not exist (or, ``unknown``, have unknown status)."""
+        check_no_object_open(self.remaining)
+        if not self.profile.data_framing.fetch_serialization_flags:
+            raise ValueError(f"draft-{self.profile.draft} has no End of Range marker")
+        end = FetchRangeEnd(group_id, object_id, unknown)
+        head = Writer()
+        push_range_end(head, end)
+        self._prior = after(self._prior, end)
+        return head.getvalue()
+
     def payload_part(self, part: Payload) -> Payload:
         """Account for the next part of the object begun; returns it (not copied)."""
-        self.remaining = _take_part(self.remaining, part)
+        self.remaining = take_part(self.remaining, part)
         return part
 
 
@@ -454,32 +483,47 @@ class ObjectDatagram:
     extensions: Extensions = ()
     status: ObjectStatus = ObjectStatus.NORMAL
     end_of_group: bool = False
+    default_priority: bool = False  # draft-16: no Publisher Priority field (decoded: 128, as for subgroups)
 
     def __post_init__(self) -> None:
-        _check_object(self.payload, self.extensions, self.status)
+        check_object(self.payload, self.extensions, self.status)
         if self.status != ObjectStatus.NORMAL and self.end_of_group:
             raise ValueError("a status datagram has no End of Group flag (use status END_OF_GROUP)")
 
+    def form_for(self, profile: Profile = DRAFT_14) -> DatagramForm:
+        """The shortest form the profile has: an Object ID of 0 is left out where a form allows it
+        (draft-14: only payload forms; draft-16: status forms too)."""
+        status = self.status != ObjectStatus.NORMAL
+        form = DatagramForm(bool(self.extensions), self.end_of_group, True, status, self.default_priority)
+        short = form._replace(object_id_present=False)
+        codes = profile.data_framing.datagram_codes
+        if self.object_id == 0 and short in codes:
+            return short
+        if form not in codes:
+            raise ValueError(f"draft-{profile.draft} has no datagram type for {form}")
+        return form
+
     @property
     def form(self) -> DatagramForm:
-        """The shortest form: an Object ID of 0 is implied where a payload form allows it."""
-        status = self.status != ObjectStatus.NORMAL
-        return DatagramForm(bool(self.extensions), self.end_of_group, status or self.object_id != 0, status)
+        """The shortest draft-14 form."""
+        return self.form_for(DRAFT_14)
 
     def datagram_type(self, profile: Profile = DRAFT_14) -> int:
-        return profile.data_framing.datagram_codes[self.form]
+        return profile.data_framing.datagram_codes[self.form_for(profile)]
 
     def encode(self, profile: Profile = DRAFT_14) -> bytes:
-        form = self.form
+        form = self.form_for(profile)
+        check_length_status(len(self.payload), self.extensions, self.status, profile.data_framing)
         writer = Writer()
         writer.push_varint(profile.data_framing.datagram_codes[form])
         writer.push_varint(self.track_alias)
         writer.push_varint(self.group_id)
         if form.object_id_present:
             writer.push_varint(self.object_id)
-        writer.push_uint8(self.publisher_priority)
+        if not form.default_priority:
+            writer.push_uint8(self.publisher_priority)
         if self.extensions:
-            writer.push_length_prefixed(encode_kvps(self.extensions))
+            writer.push_length_prefixed(encode_kvps(self.extensions, delta=profile.layout.kvp_delta_types))
         if form.status:
             writer.push_varint(profile.object_statuses.code(self.status))
         else:
@@ -504,17 +548,18 @@ class ObjectDatagram:
             raise ProtocolViolation(_PV, f"unknown datagram type 0x{kind:x}")
         alias, group = reader.pull_varint(), reader.pull_varint()
         object_id = reader.pull_varint() if form.object_id_present else 0
-        priority = reader.pull_uint8()
+        priority = DEFAULT_PUBLISHER_PRIORITY if form.default_priority else reader.pull_uint8()
         extensions: Extensions = ()
         if form.extensions_present:
-            extensions = _pull_extensions(reader, max_ext)
+            extensions = pull_extensions(reader, max_ext, profile.layout.kvp_delta_types)
             if not extensions:
                 raise ProtocolViolation(_PV, "datagram says Extensions Present with an empty block")
         if not form.status:
             payload = reader.pull_bytes(reader.remaining)
-            return cls(alias, group, object_id, priority, payload, extensions, ObjectStatus.NORMAL, form.end_of_group)
-        status = _pull_status(reader, profile)
+            return cls(alias, group, object_id, priority, payload, extensions, ObjectStatus.NORMAL, form.end_of_group,
+                       form.default_priority)
+        status = pull_status(reader, profile)
         if not reader.at_end():
             raise ProtocolViolation(_PV, "payload after an Object Status in a datagram")
-        _check_status_extensions(status, extensions)
-        return cls(alias, group, object_id, priority, b"", extensions, status)
+        check_status_extensions(status, extensions, profile.data_framing)
+        return cls(alias, group, object_id, priority, b"", extensions, status, default_priority=form.default_priority)

@@ -44,6 +44,12 @@ class MessageKind(enum.Enum):
     SUBSCRIBE_NAMESPACE_OK = "SUBSCRIBE_NAMESPACE_OK"
     SUBSCRIBE_NAMESPACE_ERROR = "SUBSCRIBE_NAMESPACE_ERROR"
     UNSUBSCRIBE_NAMESPACE = "UNSUBSCRIBE_NAMESPACE"
+    # draft-16: one answer for every request, an update for any request, namespaces on their own stream
+    REQUEST_OK = "REQUEST_OK"
+    REQUEST_ERROR = "REQUEST_ERROR"
+    REQUEST_UPDATE = "REQUEST_UPDATE"
+    NAMESPACE = "NAMESPACE"
+    NAMESPACE_DONE = "NAMESPACE_DONE"
 
 
 class SessionError(enum.Enum):
@@ -90,6 +96,7 @@ class RequestError(enum.Enum):
     NAMESPACE_PREFIX_OVERLAP = "NAMESPACE_PREFIX_OVERLAP"
     MALFORMED_AUTH_TOKEN = "MALFORMED_AUTH_TOKEN"
     EXPIRED_AUTH_TOKEN = "EXPIRED_AUTH_TOKEN"
+    DUPLICATE_SUBSCRIPTION = "DUPLICATE_SUBSCRIPTION"
 
 
 class PublishDoneStatus(enum.Enum):
@@ -103,6 +110,7 @@ class PublishDoneStatus(enum.Enum):
     EXPIRED = "EXPIRED"
     TOO_FAR_BEHIND = "TOO_FAR_BEHIND"
     MALFORMED_TRACK = "MALFORMED_TRACK"
+    UPDATE_FAILED = "UPDATE_FAILED"
 
 
 class StreamReset(enum.Enum):
@@ -112,6 +120,8 @@ class StreamReset(enum.Enum):
     CANCELLED = "CANCELLED"
     DELIVERY_TIMEOUT = "DELIVERY_TIMEOUT"
     SESSION_CLOSED = "SESSION_CLOSED"
+    UNKNOWN_OBJECT_STATUS = "UNKNOWN_OBJECT_STATUS"
+    MALFORMED_TRACK = "MALFORMED_TRACK"
 
 
 class GroupOrder(enum.Enum):
@@ -173,8 +183,40 @@ class SetupParameter(enum.Enum):
 
 
 class RequestParameter(enum.Enum):
-    """Version-specific parameters of requests and their answers."""
+    """Version-specific (draft-16: Message) parameters of requests and their answers.
+
+    Draft-16 moved fields of SUBSCRIBE, PUBLISH, FETCH and their answers into parameters (EXPIRES
+    and the rest below MAX_CACHE_DURATION); draft-14 has only the first three.
+    """
 
     DELIVERY_TIMEOUT = "DELIVERY_TIMEOUT"
     AUTHORIZATION_TOKEN = "AUTHORIZATION_TOKEN"
     MAX_CACHE_DURATION = "MAX_CACHE_DURATION"
+    EXPIRES = "EXPIRES"
+    LARGEST_OBJECT = "LARGEST_OBJECT"
+    FORWARD = "FORWARD"
+    SUBSCRIBER_PRIORITY = "SUBSCRIBER_PRIORITY"
+    SUBSCRIPTION_FILTER = "SUBSCRIPTION_FILTER"
+    GROUP_ORDER = "GROUP_ORDER"
+    NEW_GROUP_REQUEST = "NEW_GROUP_REQUEST"
+
+
+class ExtensionHeader(enum.Enum):
+    """Extension Headers the drafts define (on objects, and from draft-16 on tracks too)."""
+
+    DELIVERY_TIMEOUT = "DELIVERY_TIMEOUT"
+    MAX_CACHE_DURATION = "MAX_CACHE_DURATION"
+    IMMUTABLE_EXTENSIONS = "IMMUTABLE_EXTENSIONS"
+    DEFAULT_PUBLISHER_PRIORITY = "DEFAULT_PUBLISHER_PRIORITY"
+    DEFAULT_PUBLISHER_GROUP_ORDER = "DEFAULT_PUBLISHER_GROUP_ORDER"
+    DYNAMIC_GROUPS = "DYNAMIC_GROUPS"
+    PRIOR_GROUP_ID_GAP = "PRIOR_GROUP_ID_GAP"
+    PRIOR_OBJECT_ID_GAP = "PRIOR_OBJECT_ID_GAP"
+
+
+class SubscribeOptions(enum.Enum):
+    """What a draft-16 SUBSCRIBE_NAMESPACE asks for; draft-14's is always both."""
+
+    PUBLISH = "PUBLISH"
+    NAMESPACE = "NAMESPACE"
+    BOTH = "BOTH"

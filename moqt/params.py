@@ -6,20 +6,25 @@ checked once here, at the boundary. Unknown parameters -- and known ones in a me
 says they MUST be ignored -- are kept as raw ``KeyValuePair`` in ``unknown`` so a relay can re-encode
 them and duplicates of them stay legal.
 
-Encoding order is canonical: known parameters by ascending type, then ``unknown`` in their order.
+Encoding order is canonical: known parameters by ascending type, then ``unknown`` in their order
+(draft-16 delta-codes the types, so there every pair goes by ascending type).
+
+Draft-16 moved the fields of SUBSCRIBE, PUBLISH, FETCH and their answers into parameters and closes
+the session on an unknown Message Parameter; ``RequestParameters`` holds every parameter either draft
+defines, and encoding one the profile lacks is refused (``ValueError``), never silently dropped.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from moqt.errors import NeedMoreData, ProtocolViolation
-from moqt.kinds import AliasType, MessageKind, RequestParameter, SessionError, SetupParameter
+from moqt.kinds import AliasType, FilterType, GroupOrder, MessageKind, RequestParameter, SessionError, SetupParameter
 from moqt.profiles import DRAFT_14, Profile
-from moqt.wire import VARINT_MAX, KeyValuePair, Reader, Writer
+from moqt.wire import VARINT_MAX, KeyValuePair, Location, Reader, Writer, kvp_order, pull_kvps, push_kvps
 
 _KVF: Final = SessionError.KEY_VALUE_FORMATTING_ERROR
 _PV: Final = SessionError.PROTOCOL_VIOLATION
@@ -122,10 +127,16 @@ def check_authority(authority: str) -> bool:
     return _AUTHORITY_RE.match(authority) is not None
 
 
-def _iter_kvps(reader: Reader, max_value_length: int) -> Iterator[KeyValuePair]:
+def _pull_pairs(reader: Reader, profile: Profile) -> list[KeyValuePair]:
+    """Number of Parameters, then the pairs (types delta-coded where the profile says)."""
     count = reader.pull_varint()
-    for _ in range(count):
-        yield KeyValuePair.decode(reader, max_value_length=max_value_length)
+    return pull_kvps(reader, count, max_value_length=profile.max_kvp_value_length,
+                     delta=profile.layout.kvp_delta_types)
+
+
+def _push_pairs(writer: Writer, pairs: list[KeyValuePair], profile: Profile) -> None:
+    writer.push_varint(len(pairs))
+    push_kvps(writer, pairs, delta=profile.layout.kvp_delta_types)
 
 
 def _once(seen: set[int], kind: int) -> None:
@@ -160,13 +171,10 @@ class SetupParameters:
             pairs.append(KeyValuePair(code(t.AUTHORITY), self.authority.encode("utf-8")))
         if self.implementation is not None:
             pairs.append(KeyValuePair(code(t.MOQT_IMPLEMENTATION), self.implementation.encode("utf-8")))
-        return sorted(pairs, key=_type_of) + list(self.unknown)
+        return kvp_order(sorted(pairs, key=_type_of) + list(self.unknown), profile.layout.kvp_delta_types)
 
     def encode(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
-        pairs = self._pairs(profile)
-        writer.push_varint(len(pairs))
-        for pair in pairs:
-            pair.encode(writer)
+        _push_pairs(writer, self._pairs(profile), profile)
 
     @classmethod
     def decode(cls, reader: Reader, profile: Profile = DRAFT_14) -> SetupParameters:
@@ -176,7 +184,7 @@ class SetupParameters:
         tokens: list[AuthToken] = []
         unknown: list[KeyValuePair] = []
         seen: set[int] = set()
-        for pair in _iter_kvps(reader, profile.max_kvp_value_length):
+        for pair in _pull_pairs(reader, profile):
             value = pair.value
             kind = profile.setup_parameters.name(pair.type)
             if kind is None:
@@ -215,63 +223,209 @@ def _setup_text(kind: SetupParameter, raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
 
 
+# --- Subscription Filter (draft-14 fields of SUBSCRIBE / PUBLISH_OK; draft-16 a parameter) ----------
+
+def check_filter(filter_type: FilterType, start: Location | None, end_group: int | None) -> None:
+    """Start Location is present exactly for the Absolute filters, End Group for AbsoluteRange."""
+    absolute = filter_type in (FilterType.ABSOLUTE_START, FilterType.ABSOLUTE_RANGE)
+    if (start is not None) != absolute or (end_group is not None) != (filter_type == FilterType.ABSOLUTE_RANGE):
+        raise ValueError(f"filter {filter_type.name} does not match start={start} end_group={end_group}")
+
+
+def push_filter(writer: Writer, profile: Profile, filter_type: FilterType, start: Location | None,
+                end_group: int | None) -> None:
+    writer.push_varint(profile.filter_types.code(filter_type))
+    if start is not None:
+        start.encode(writer)
+    if end_group is not None:
+        writer.push_varint(end_group)
+
+
+def pull_filter(reader: Reader, profile: Profile) -> tuple[FilterType, Location | None, int | None]:
+    raw = reader.pull_varint()
+    filter_type = profile.filter_types.name(raw)
+    if filter_type is None:
+        raise ProtocolViolation(_PV, f"unknown Filter Type {raw}")
+    start = end = None
+    if filter_type in (FilterType.ABSOLUTE_START, FilterType.ABSOLUTE_RANGE):
+        start = Location.decode(reader)
+    if filter_type == FilterType.ABSOLUTE_RANGE:
+        end = reader.pull_varint()
+    return filter_type, start, end
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionFilter:
+    """A Subscription Filter as one value: the SUBSCRIPTION_FILTER parameter's content (draft-16)."""
+
+    filter_type: FilterType
+    start: Location | None = None
+    end_group: int | None = None
+
+    def __post_init__(self) -> None:
+        check_filter(self.filter_type, self.start, self.end_group)
+
+    def encode(self, profile: Profile) -> bytes:
+        writer = Writer()
+        push_filter(writer, profile, self.filter_type, self.start, self.end_group)
+        return writer.getvalue()
+
+
+#: What a draft-16 SUBSCRIBE or PUBLISH_OK without a filter asks for: every object ("an AbsoluteStart
+#: filter with Start = {0, 0} is equivalent to an unfiltered subscription").
+UNFILTERED: Final = SubscriptionFilter(FilterType.ABSOLUTE_START, Location(0, 0))
+
+
+# --- Message (version-specific) parameters --------------------------------------------------------
+
+def _whole(raw: bytes, parse: Callable[[Reader], Any], error: SessionError, what: str) -> Any:
+    """A parameter value that must be exactly one structure (a Location, a Subscription Filter)."""
+    reader = Reader(raw)
+    try:
+        value = parse(reader)
+    except NeedMoreData:
+        raise ProtocolViolation(error, f"{what} is shorter than its structure") from None
+    if not reader.at_end():
+        raise ProtocolViolation(error, f"{what} is longer than its structure")
+    return value
+
+
+def _bounded(value: int, high: int, what: str) -> int:
+    if value > high:
+        raise ProtocolViolation(_PV, f"{what} {value} outside 0..{high}")
+    return value
+
+
+def _value(kind: RequestParameter, value: int | bytes, profile: Profile) -> Any:
+    """A known parameter's typed value, checked as its definition says (None: not its serialization)."""
+    t = RequestParameter
+    if isinstance(value, bytes):
+        if kind is t.AUTHORIZATION_TOKEN:
+            return AuthToken.decode(value, profile)
+        if kind is t.LARGEST_OBJECT:
+            return _whole(value, Location.decode, _KVF, "LARGEST_OBJECT")
+        if kind is t.SUBSCRIPTION_FILTER:
+            parsed = _whole(value, lambda r: pull_filter(r, profile), _PV, "SUBSCRIPTION_FILTER")
+            return SubscriptionFilter(*parsed)
+        return None
+    if kind is t.FORWARD:
+        return _bounded(value, 1, "FORWARD") == 1
+    if kind is t.SUBSCRIBER_PRIORITY:
+        return _bounded(value, 0xFF, "SUBSCRIBER_PRIORITY")
+    if kind is t.GROUP_ORDER:
+        order = profile.group_orders.name(value)
+        if order is None or order is GroupOrder.PUBLISHER_DEFAULT:
+            raise ProtocolViolation(_PV, f"GROUP_ORDER {value} is neither ascending nor descending")
+        return order
+    if kind is t.DELIVERY_TIMEOUT and value == 0 and profile.layout.zero_delivery_timeout_closes:
+        raise ProtocolViolation(_PV, "DELIVERY_TIMEOUT of 0")
+    return value if kind in _INT_FIELDS else None
+
+
+_T = RequestParameter
+#: Field of ``RequestParameters`` for each parameter (the tokens, which may repeat, are apart).
+_FIELDS: Final = {
+    _T.DELIVERY_TIMEOUT: "delivery_timeout", _T.MAX_CACHE_DURATION: "max_cache_duration", _T.EXPIRES: "expires",
+    _T.LARGEST_OBJECT: "largest_object", _T.FORWARD: "forward", _T.SUBSCRIBER_PRIORITY: "subscriber_priority",
+    _T.SUBSCRIPTION_FILTER: "subscription_filter", _T.GROUP_ORDER: "group_order",
+    _T.NEW_GROUP_REQUEST: "new_group_request",
+}
+_INT_FIELDS: Final = frozenset({_T.DELIVERY_TIMEOUT, _T.MAX_CACHE_DURATION, _T.EXPIRES, _T.NEW_GROUP_REQUEST})
+
+
 @dataclass(frozen=True, slots=True)
 class RequestParameters:
-    """Version-specific parameters of SUBSCRIBE, FETCH, PUBLISH, ... (draft-14 section 9.2.1).
+    """Version-specific parameters of SUBSCRIBE, FETCH, PUBLISH, ... (draft-14 section 9.2.1; draft-16
+    "Message Parameters").
 
-    ``delivery_timeout`` and ``max_cache_duration`` are milliseconds.
+    ``delivery_timeout``, ``max_cache_duration`` and ``expires`` are milliseconds. The fields after
+    ``unknown`` exist only in draft-16; where a message has a field of its own for one (SUBSCRIBE's
+    priority, SUBSCRIBE_OK's Largest Location, ...) the message's codec carries it there instead.
     """
 
     delivery_timeout: int | None = None
     authorization_tokens: tuple[AuthToken, ...] = ()
     max_cache_duration: int | None = None
     unknown: tuple[KeyValuePair, ...] = ()
+    expires: int | None = None
+    largest_object: Location | None = None
+    forward: bool | None = None
+    subscriber_priority: int | None = None
+    subscription_filter: SubscriptionFilter | None = None
+    group_order: GroupOrder | None = None
+    new_group_request: int | None = None
 
     def __post_init__(self) -> None:
-        for value in (self.delivery_timeout, self.max_cache_duration):
+        for value in (self.delivery_timeout, self.max_cache_duration, self.expires, self.new_group_request):
             if value is not None and not 0 <= value <= VARINT_MAX:
                 raise ValueError(f"parameter value {value} outside the varint range")
+        if self.subscriber_priority is not None and not 0 <= self.subscriber_priority <= 0xFF:
+            raise ValueError("SUBSCRIBER_PRIORITY is 0..255")
+        if self.group_order is GroupOrder.PUBLISHER_DEFAULT:
+            raise ValueError("GROUP_ORDER is ascending or descending (the publisher's order is its absence)")
 
     def _pairs(self, profile: Profile) -> list[KeyValuePair]:
-        t, code = RequestParameter, profile.request_parameters.code
         pairs: list[KeyValuePair] = []
-        if self.delivery_timeout is not None:
-            pairs.append(KeyValuePair(code(t.DELIVERY_TIMEOUT), self.delivery_timeout))
-        pairs += [KeyValuePair(code(t.AUTHORIZATION_TOKEN), tok.encode(profile)) for tok in self.authorization_tokens]
-        if self.max_cache_duration is not None:
-            pairs.append(KeyValuePair(code(t.MAX_CACHE_DURATION), self.max_cache_duration))
-        return sorted(pairs, key=_type_of) + list(self.unknown)
+        for kind, name in _FIELDS.items():
+            value = getattr(self, name)
+            if value is not None:
+                pairs.append(KeyValuePair(_code(profile, kind), _raw(value, profile)))
+        token = RequestParameter.AUTHORIZATION_TOKEN
+        pairs += [KeyValuePair(_code(profile, token), tok.encode(profile)) for tok in self.authorization_tokens]
+        return kvp_order(sorted(pairs, key=_type_of) + list(self.unknown), profile.layout.kvp_delta_types)
 
     def encode(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
-        pairs = self._pairs(profile)
-        writer.push_varint(len(pairs))
-        for pair in pairs:
-            pair.encode(writer)
+        _push_pairs(writer, self._pairs(profile), profile)
 
     @classmethod
     def decode(cls, reader: Reader, message: MessageKind, profile: Profile = DRAFT_14) -> RequestParameters:
-        """Parameters of ``message``; a known parameter outside its scope is kept as unknown."""
-        t = RequestParameter
-        delivery: int | None = None
-        cache: int | None = None
+        """Parameters of ``message``; a known parameter outside its scope is kept as unknown (ignored).
+
+        An unknown parameter is kept too in draft-14 and closes the session in draft-16.
+        """
+        fields: dict[str, Any] = {}
         tokens: list[AuthToken] = []
         unknown: list[KeyValuePair] = []
         seen: set[int] = set()
-        for pair in _iter_kvps(reader, profile.max_kvp_value_length):
+        for pair in _pull_pairs(reader, profile):
             kind = profile.request_parameters.name(pair.type)
+            if kind is None and profile.layout.unknown_parameters_close:
+                raise ProtocolViolation(_PV, f"unknown Message Parameter 0x{pair.type:x} in {message.value}")
             if kind is None or message not in profile.parameter_scope.get(kind, ()):
                 unknown.append(pair)
-            elif kind is t.AUTHORIZATION_TOKEN and isinstance(pair.value, bytes):
-                tokens.append(AuthToken.decode(pair.value, profile))
-            elif kind is t.DELIVERY_TIMEOUT and isinstance(pair.value, int):
-                _once(seen, pair.type)
-                delivery = pair.value
-            elif kind is t.MAX_CACHE_DURATION and isinstance(pair.value, int):
-                _once(seen, pair.type)
-                cache = pair.value
-            else:  # a parameter type the profile scopes but this decoder does not know
+                continue
+            value = _value(kind, pair.value, profile)
+            if value is None:  # not this parameter's serialization: kept as it came
                 unknown.append(pair)
-        return cls(delivery, tuple(tokens), cache, tuple(unknown))
+            elif kind is RequestParameter.AUTHORIZATION_TOKEN:
+                tokens.append(value)
+            else:
+                _once(seen, pair.type)
+                fields[_FIELDS[kind]] = value
+        return cls(authorization_tokens=tuple(tokens), unknown=tuple(unknown), **fields)
+
+
+def _code(profile: Profile, kind: RequestParameter) -> int:
+    code = profile.request_parameters.codes.get(kind)
+    if code is None:
+        raise ValueError(f"draft-{profile.draft} has no {kind.value} parameter")
+    return code
+
+
+def _raw(value: Any, profile: Profile) -> int | bytes:
+    """A parameter value as its Key-Value-Pair carries it."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, GroupOrder):
+        return profile.group_orders.code(value)
+    if isinstance(value, Location):
+        writer = Writer()
+        value.encode(writer)
+        return writer.getvalue()
+    if isinstance(value, SubscriptionFilter):
+        return value.encode(profile)
+    assert isinstance(value, int)
+    return value
 
 
 EMPTY_PARAMETERS: Final = RequestParameters()

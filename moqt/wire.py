@@ -7,7 +7,8 @@ object payloads are never copied. Every length read from the wire is checked aga
 the reader waits for that many bytes, so a peer cannot make us buffer an absurd amount.
 
 Structures (draft-14 "Notational Conventions"): varint (RFC 9000 section 16), byte strings ``(b)``,
-Track Namespace tuples, Key-Value-Pair, Location and Reason Phrase.
+Track Namespace tuples, Key-Value-Pair, Location and Reason Phrase. Draft-16 writes a Key-Value-Pair's
+type as a delta from the previous pair's (``delta=True`` below); the caller reads which from its profile.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from moqt.errors import NeedMoreData, ProtocolViolation
 from moqt.kinds import SessionError
 
 VARINT_MAX: Final = (1 << 62) - 1
+#: Draft-16: "the previous Type value plus the Delta Type MUST NOT be greater than 2^64 - 1".
+KVP_TYPE_MAX: Final = (1 << 64) - 1
 MAX_NAMESPACE_FIELDS: Final = 32
 MAX_FULL_TRACK_NAME_LENGTH: Final = 4096
 MAX_REASON_PHRASE_LENGTH: Final = 1024
@@ -178,24 +181,33 @@ def push_namespace(writer: Writer, namespace: Namespace) -> None:
 
 
 def pull_namespace(reader: Reader, *, max_fields: int = MAX_NAMESPACE_FIELDS,
-                   max_length: int = MAX_FULL_TRACK_NAME_LENGTH) -> Namespace:
-    """A Track Namespace tuple: 1..32 fields whose lengths sum to at most ``max_length``."""
+                   max_length: int = MAX_FULL_TRACK_NAME_LENGTH, min_fields: int = 1,
+                   empty_field_closes: bool = False) -> Namespace:
+    """A Track Namespace tuple: 1..32 fields whose lengths sum to at most ``max_length``.
+
+    ``min_fields`` 0 is a draft-16 SUBSCRIBE_NAMESPACE prefix or NAMESPACE suffix; with
+    ``empty_field_closes`` (draft-16) a field of length 0 is a PROTOCOL_VIOLATION.
+    """
     count = reader.pull_varint()
-    if count == 0 or count > max_fields:
-        raise ProtocolViolation(_PV, f"Track Namespace with {count} fields (must be 1..{max_fields})")
+    if count < min_fields or count > max_fields:
+        raise ProtocolViolation(_PV, f"Track Namespace with {count} fields (must be {min_fields}..{max_fields})")
     fields: list[bytes] = []
     total = 0
     for _ in range(count):
         field = reader.pull_length_prefixed(max_length - total, "Track Namespace")
+        if empty_field_closes and not len(field):
+            raise ProtocolViolation(_PV, "Track Namespace field of length 0")
         total += len(field)
         fields.append(bytes(field))
     return tuple(fields)
 
 
 def pull_full_track_name(reader: Reader, *, max_fields: int = MAX_NAMESPACE_FIELDS,
-                         max_length: int = MAX_FULL_TRACK_NAME_LENGTH) -> tuple[Namespace, bytes]:
+                         max_length: int = MAX_FULL_TRACK_NAME_LENGTH,
+                         empty_field_closes: bool = False) -> tuple[Namespace, bytes]:
     """Track Namespace then Track Name; the namespace fields and the name total at most 4096 octets."""
-    namespace = pull_namespace(reader, max_fields=max_fields, max_length=max_length)
+    namespace = pull_namespace(reader, max_fields=max_fields, max_length=max_length,
+                               empty_field_closes=empty_field_closes)
     used = sum(len(f) for f in namespace)
     name = reader.pull_length_prefixed(max_length - used, "Full Track Name")
     return namespace, bytes(name)
@@ -227,14 +239,17 @@ class Location:
 
 @dataclass(frozen=True, slots=True)
 class KeyValuePair:
-    """Even ``type``: the value is a varint (``int``). Odd ``type``: the value is bytes."""
+    """Even ``type``: the value is a varint (``int``). Odd ``type``: the value is bytes.
+
+    A type above 2^62-1 can only arrive delta-coded (draft-16); it is sent again the same way.
+    """
 
     type: int
     value: int | bytes
 
     def __post_init__(self) -> None:
-        if not 0 <= self.type <= VARINT_MAX:
-            raise ValueError(f"Key-Value-Pair type {self.type} outside the varint range")
+        if not 0 <= self.type <= KVP_TYPE_MAX:
+            raise ValueError(f"Key-Value-Pair type {self.type} outside 0..2^64-1")
         if self.type % 2 == 0:
             if not isinstance(self.value, int) or not 0 <= self.value <= VARINT_MAX:
                 raise ValueError(f"even Key-Value-Pair type 0x{self.type:x} needs a varint value")
@@ -243,40 +258,82 @@ class KeyValuePair:
         elif len(self.value) > MAX_KVP_VALUE_LENGTH:
             raise ValueError(f"Key-Value-Pair value longer than {MAX_KVP_VALUE_LENGTH} octets")
 
-    def encode(self, writer: Writer) -> None:
-        writer.push_varint(self.type)
+    def encode(self, writer: Writer, previous: int | None = None) -> None:
+        """The pair; with ``previous`` (draft-16) its type is written as the delta from that type."""
+        writer.push_varint(self.type if previous is None else self.type - previous)
         if isinstance(self.value, int):
             writer.push_varint(self.value)
         else:
             writer.push_length_prefixed(self.value)
 
     @classmethod
-    def decode(cls, reader: Reader, *, max_value_length: int = MAX_KVP_VALUE_LENGTH) -> KeyValuePair:
+    def decode(cls, reader: Reader, *, max_value_length: int = MAX_KVP_VALUE_LENGTH,
+               previous: int | None = None) -> KeyValuePair:
+        """One pair; with ``previous`` (draft-16) the type read is a delta from that type."""
         kind = reader.pull_varint()
+        if previous is not None:
+            kind += previous
+            if kind > KVP_TYPE_MAX:
+                raise ProtocolViolation(_PV, "Key-Value-Pair Delta Type takes the type past 2^64-1")
         if kind % 2 == 0:
             return cls(kind, reader.pull_varint())
         return cls(kind, bytes(reader.pull_length_prefixed(max_value_length, "Key-Value-Pair value")))
 
 
-def encode_kvps(pairs: tuple[KeyValuePair, ...] | list[KeyValuePair]) -> bytes:
+def kvp_order(pairs: tuple[KeyValuePair, ...] | list[KeyValuePair], delta: bool) -> list[KeyValuePair]:
+    """The order pairs go on the wire: as given, or (delta-coded types are unsigned) by ascending type,
+    pairs of one type keeping their order."""
+    return sorted(pairs, key=_pair_type) if delta else list(pairs)
+
+
+def _pair_type(pair: KeyValuePair) -> int:
+    return pair.type
+
+
+def push_kvps(writer: Writer, pairs: tuple[KeyValuePair, ...] | list[KeyValuePair], *, delta: bool = False) -> None:
+    """Pairs back to back (in ``kvp_order``), with no count or length in front."""
+    previous: int | None = 0 if delta else None
+    for pair in kvp_order(pairs, delta):
+        pair.encode(writer, previous)
+        if delta:
+            previous = pair.type
+
+
+def pull_kvps(reader: Reader, count: int, *, max_value_length: int = MAX_KVP_VALUE_LENGTH,
+              delta: bool = False) -> list[KeyValuePair]:
+    """``count`` pairs (a parameter list after its Number of Parameters)."""
+    pairs: list[KeyValuePair] = []
+    previous: int | None = 0 if delta else None
+    for _ in range(count):
+        pair = KeyValuePair.decode(reader, max_value_length=max_value_length, previous=previous)
+        pairs.append(pair)
+        if delta:
+            previous = pair.type
+    return pairs
+
+
+def encode_kvps(pairs: tuple[KeyValuePair, ...] | list[KeyValuePair], *, delta: bool = False) -> bytes:
     """Key-Value-Pairs back to back, with no count or length in front."""
     writer = Writer()
-    for pair in pairs:
-        pair.encode(writer)
+    push_kvps(writer, pairs, delta=delta)
     return writer.getvalue()
 
 
 def decode_kvp_block(data: Bytes, *, max_value_length: int = MAX_KVP_VALUE_LENGTH,
-                     error: SessionError = _PV) -> tuple[KeyValuePair, ...]:
+                     error: SessionError = _PV, delta: bool = False) -> tuple[KeyValuePair, ...]:
     """Key-Value-Pairs that exactly fill ``data`` (an Extension Headers block, Immutable Extensions).
 
     A pair that runs past the end is a framing error reported with ``error``.
     """
     reader = Reader(data)
     pairs: list[KeyValuePair] = []
+    previous: int | None = 0 if delta else None
     try:
         while not reader.at_end():
-            pairs.append(KeyValuePair.decode(reader, max_value_length=max_value_length))
+            pair = KeyValuePair.decode(reader, max_value_length=max_value_length, previous=previous)
+            pairs.append(pair)
+            if delta:
+                previous = pair.type
     except NeedMoreData:
         raise ProtocolViolation(error, "Key-Value-Pair runs past the end of its block") from None
     return tuple(pairs)

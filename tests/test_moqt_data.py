@@ -1,8 +1,10 @@
 """Data streams and datagrams (draft-14 section 10): hand vectors, aiomoqt vectors, the incremental
-parser (byte at a time, any split, zero-copy chunks, limits) and the encoders."""
+parser (byte at a time, any split, zero-copy chunks, limits) and the encoders. The round trips and the
+parser fuzz run under draft-16 too (its vectors: tests/test_moqt_draft16_vectors.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from moqt.data import (
 )
 from moqt.errors import ProtocolViolation
 from moqt.kinds import ObjectStatus, SessionError, SubgroupIdMode
-from moqt.profiles import DRAFT_14
+from moqt.profiles import DRAFT_14, DRAFT_16, PROFILES, Profile
 from moqt.profiles.draft14 import DatagramType, DataStreamType  # this file tests the draft-14 framing
 from moqt.wire import VARINT_MAX, KeyValuePair, encode_varint
 
@@ -39,10 +41,11 @@ def h(*parts: str) -> bytes:
     return bytes.fromhex("".join(parts).replace(" ", ""))
 
 
-def parse(octets: bytes, *, split: int | None = None, **limits: int) -> list[DataEvent]:
+def parse(octets: bytes, *, split: int | None = None, profile: Profile = DRAFT_14, **limits: int) -> list[DataEvent]:
     """Feed the octets (in ``split``-sized pieces), then FIN; return the events."""
     parser = DataStreamParser(max_object_size=limits.get("max_object_size", DEFAULT_MAX_OBJECT_SIZE),
-                              max_extensions_length=limits.get("max_extensions_length", DEFAULT_MAX_EXTENSIONS_LENGTH))
+                              max_extensions_length=limits.get("max_extensions_length", DEFAULT_MAX_EXTENSIONS_LENGTH),
+                              profile=profile)
     step = split or max(1, len(octets))
     events: list[DataEvent] = []
     for i in range(0, len(octets), step):
@@ -293,11 +296,12 @@ def test_datagram_violations(case: str, octets: str) -> None:
 
 # --- encoders ---------------------------------------------------------------------------------------------
 
-def test_encoders_do_not_copy_payloads() -> None:
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: f"d{p.draft}")
+def test_encoders_do_not_copy_payloads(profile: Profile) -> None:
     payload = memoryview(bytearray(1 << 20))
     parts = SubgroupWriter(SubgroupHeader.create(1, 0)).encode_object(0, payload)
     assert parts[1] is payload
-    parts = FetchWriter(FetchHeader(1)).encode_object(0, 0, 0, payload)
+    parts = FetchWriter(FetchHeader(1), profile).encode_object(0, 0, 0, payload)
     assert parts[1] is payload
 
 
@@ -336,38 +340,50 @@ def subgroup_streams(draw: st.DrawFn) -> tuple[SubgroupHeader, list[tuple[int, b
     return header, objs
 
 
-@given(subgroup_streams(), st.integers(1, 64))
-def test_subgroup_round_trip(stream: tuple[SubgroupHeader, list[Any]], split: int) -> None:
+def on_the_wire(extensions: tuple[KeyValuePair, ...], profile: Profile) -> tuple[KeyValuePair, ...]:
+    """The order extensions come back in: draft-16's delta-coded types go by ascending type."""
+    return tuple(sorted(extensions, key=lambda p: p.type)) if profile.layout.kvp_delta_types else extensions
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: f"d{p.draft}")
+@given(stream=subgroup_streams(), split=st.integers(1, 64))
+def test_subgroup_round_trip(profile: Profile, stream: tuple[SubgroupHeader, list[Any]], split: int) -> None:
     header, objs = stream
-    writer = SubgroupWriter(header)
+    writer = SubgroupWriter(header, profile)
     octets = writer.encode_header() + b"".join(bytes(p) for oid, data, ext in objs
                                                 for p in writer.encode_object(oid, data, extensions=ext))
-    got = objects(parse(octets, split=split))
-    assert [(o.object_id, p, o.extensions) for o, p in got] == objs
+    got = objects(parse(octets, split=split, profile=profile))
+    assert [(o.object_id, p, o.extensions) for o, p in got] == [(i, d, on_the_wire(e, profile)) for i, d, e in objs]
     assert all(o.subgroup_id == header.subgroup_id and o.group_id == header.group_id for o, _ in got)
 
 
-@given(st.lists(st.tuples(st.integers(0, VARINT_MAX), st.integers(0, VARINT_MAX), st.integers(0, VARINT_MAX),
-                          st.integers(0, 255), payloads, extension_lists), max_size=5), st.integers(1, 64))
-def test_fetch_round_trip(objs: list[Any], split: int) -> None:
-    writer = FetchWriter(FetchHeader(9))
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: f"d{p.draft}")
+@given(objs=st.lists(st.tuples(st.integers(0, VARINT_MAX), st.integers(0, VARINT_MAX), st.integers(0, VARINT_MAX),
+                               st.integers(0, 255), payloads, extension_lists), max_size=5), split=st.integers(1, 64))
+def test_fetch_round_trip(profile: Profile, objs: list[Any], split: int) -> None:
+    writer = FetchWriter(FetchHeader(9), profile)
     octets = writer.encode_header() + b"".join(
         bytes(p) for g, s, o, prio, data, ext in objs
         for p in writer.encode_object(g, s, o, data, publisher_priority=prio, extensions=ext))
-    got = objects(parse(octets, split=split))
-    assert [(o.group_id, o.subgroup_id, o.object_id, o.publisher_priority, p, o.extensions) for o, p in got] == objs
+    got = objects(parse(octets, split=split, profile=profile))
+    assert [(o.group_id, o.subgroup_id, o.object_id, o.publisher_priority, p, o.extensions) for o, p in got] == \
+        [(g, s, o, prio, d, on_the_wire(e, profile)) for g, s, o, prio, d, e in objs]
 
 
-@given(st.builds(ObjectDatagram, st.integers(0, VARINT_MAX), st.integers(0, VARINT_MAX), st.integers(0, VARINT_MAX),
-                 st.integers(0, 255), payloads, extension_lists, st.just(ObjectStatus.NORMAL), st.booleans()))
-def test_datagram_round_trip(datagram: ObjectDatagram) -> None:
-    assert ObjectDatagram.decode(datagram.encode()) == datagram
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: f"d{p.draft}")
+@given(datagram=st.builds(ObjectDatagram, st.integers(0, VARINT_MAX), st.integers(0, VARINT_MAX),
+                          st.integers(0, VARINT_MAX), st.integers(0, 255), payloads, extension_lists,
+                          st.just(ObjectStatus.NORMAL), st.booleans()))
+def test_datagram_round_trip(profile: Profile, datagram: ObjectDatagram) -> None:
+    expected = dataclasses.replace(datagram, extensions=on_the_wire(datagram.extensions, profile))
+    assert ObjectDatagram.decode(datagram.encode(profile), profile=profile) == expected
 
 
-@given(st.binary(max_size=200), st.integers(1, 16), st.booleans())
-def test_parser_fuzz(octets: bytes, split: int, fin: bool) -> None:
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: f"d{p.draft}")
+@given(octets=st.binary(max_size=200), split=st.integers(1, 16), fin=st.booleans())
+def test_parser_fuzz(profile: Profile, octets: bytes, split: int, fin: bool) -> None:
     """Any input is parsed or refused with PROTOCOL_VIOLATION, never anything else."""
-    parser = DataStreamParser(max_object_size=1000, max_extensions_length=100)
+    parser = DataStreamParser(max_object_size=1000, max_extensions_length=100, profile=profile)
     try:
         for i in range(0, len(octets), split):
             parser.feed(octets[i : i + split])
@@ -376,12 +392,24 @@ def test_parser_fuzz(octets: bytes, split: int, fin: bool) -> None:
         assert exc.error == PV
 
 
-@given(st.binary(max_size=100))
-def test_datagram_fuzz(octets: bytes) -> None:
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: f"d{p.draft}")
+@given(octets=st.binary(max_size=100))
+def test_datagram_fuzz(profile: Profile, octets: bytes) -> None:
     try:
-        ObjectDatagram.decode(octets)
+        ObjectDatagram.decode(octets, profile=profile)
     except ProtocolViolation as exc:
         assert exc.error == PV
+
+
+def test_draft_16_subgroup_types_without_a_priority() -> None:
+    for code, form in DRAFT_16.data_framing.subgroup_types.items():
+        subgroup = 0 if form.subgroup_id_mode is SubgroupIdMode.ZERO else 7
+        header = SubgroupHeader(1, 2, None if form.subgroup_id_mode is SubgroupIdMode.FIRST_OBJECT else subgroup,
+                                128, form.subgroup_id_mode, form.extensions_present, form.end_of_group,
+                                form.default_priority)
+        assert header.stream_type(DRAFT_16) == code
+        [parsed] = parse(header.encode(DRAFT_16), profile=DRAFT_16)[:1]
+        assert parsed == header
 
 
 # --- aiomoqt 0.13.3 data-plane vectors -----------------------------------------------------------------

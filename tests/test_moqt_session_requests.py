@@ -201,7 +201,9 @@ PEER_MESSAGES: dict[MessageKind, Callable[[int, int], ControlMessage]] = {
 
 
 def test_every_state_has_a_session_setup() -> None:
-    assert set(SETUPS) == {(kind, state.name) for kind, state in ALL_STATES if state.name != "CLOSED"}
+    # a REQUEST_UPDATE request exists only in draft-16 (its states: tests/test_moqt_draft16_session.py)
+    assert set(SETUPS) == {(kind, state.name) for kind, state in ALL_STATES
+                           if state.name != "CLOSED" and kind is not RequestKind.UPDATE}
 
 
 @pytest.mark.parametrize("message", list(PEER_MESSAGES), ids=lambda m: m.value)

@@ -10,6 +10,9 @@ from moqt.messages.codec import (
 )
 from moqt.messages.fetch import Fetch, FetchCancel, FetchError, FetchOk, JoiningFetch, StandaloneFetch
 from moqt.messages.namespace import (
+    NamespaceDone,
+    NamespaceNotice,
+    NamespaceSuffixMessage,
     PublishNamespace,
     PublishNamespaceCancel,
     PublishNamespaceDone,
@@ -21,6 +24,7 @@ from moqt.messages.namespace import (
     UnsubscribeNamespace,
 )
 from moqt.messages.publish import Publish, PublishError, PublishOk
+from moqt.messages.request import RequestErrorReply, RequestOk, RequestUpdate
 from moqt.messages.setup import ClientSetup, GoAway, MaxRequestId, RequestsBlocked, ServerSetup
 from moqt.messages.subscribe import (
     PublishDone,
@@ -49,6 +53,9 @@ __all__ = [
     "JoiningFetch",
     "MaxRequestId",
     "MessageTooLarge",
+    "NamespaceDone",
+    "NamespaceNotice",
+    "NamespaceSuffixMessage",
     "Publish",
     "PublishDone",
     "PublishError",
@@ -59,7 +66,10 @@ __all__ = [
     "PublishNamespaceOk",
     "PublishOk",
     "RequestErrorMessage",
+    "RequestErrorReply",
     "RequestIdMessage",
+    "RequestOk",
+    "RequestUpdate",
     "RequestsBlocked",
     "ServerSetup",
     "StandaloneFetch",

@@ -1,8 +1,9 @@
 """The control message base class, control framing and field helpers shared by every message.
 
 Why a base with ``encode_payload``/``decode_payload``: the framing (Type varint, 16-bit Length,
-Payload, draft-14 section 9) is the same for all thirty messages, so it is written once here; each
-message only describes its own fields, in the order of its section's wire format figure.
+Payload, draft-14 section 9) is the same for every message of every draft, so it is written once
+here; each message only describes its own fields, in the order of its section's wire format figure,
+reading from the profile where a draft lays them out differently (``Profile.layout``).
 """
 
 from __future__ import annotations
@@ -11,17 +12,20 @@ from dataclasses import Field, dataclass
 from typing import Any, ClassVar, Final, Self
 
 from moqt.errors import LocalError, ProtocolViolation
-from moqt.kinds import GroupOrder, MessageKind, SessionError
+from moqt.kinds import ExtensionHeader, GroupOrder, MessageKind, SessionError
 from moqt.profiles import DRAFT_14, Profile
 from moqt.wire import (
+    KeyValuePair,
     Location,
     Namespace,
     Reader,
     Writer,
     check_namespace,
+    decode_kvp_block,
     pull_full_track_name,
     pull_namespace,
     pull_reason_phrase,
+    push_kvps,
     push_namespace,
     push_reason_phrase,
 )
@@ -54,8 +58,11 @@ class ControlMessage:
         if len(payload) > profile.max_control_message_length:
             raise MessageTooLarge(f"{self.KIND.value} payload of {len(payload)} octets exceeds "
                                   f"{profile.max_control_message_length}")
+        code = profile.message_types.codes.get(self.KIND)
+        if code is None:
+            raise ValueError(f"draft-{profile.draft} has no {self.KIND.value} message")
         frame = Writer()
-        frame.push_varint(profile.message_types.code(self.KIND))
+        frame.push_varint(code)
         frame.push_uint16(len(payload))
         frame.push_bytes(payload.getvalue())
         return frame.getvalue()
@@ -110,21 +117,30 @@ class RequestIdMessage(ControlMessage):
 
 @dataclass(frozen=True, slots=True)
 class RequestErrorMessage(ControlMessage):
-    """Body shared by the *_ERROR messages: Request ID, Error Code (i), Error Reason (Reason Phrase)."""
+    """Body shared by the *_ERROR messages and draft-16's REQUEST_ERROR: Request ID, Error Code (i),
+    [Retry Interval (i), draft-16], Error Reason (Reason Phrase).
+
+    ``retry_interval`` is "the minimum time in milliseconds before the request SHOULD be sent again,
+    plus one" (0: do not retry); draft-14 has no such field, so there it is 0 and not sent.
+    """
 
     request_id: int
     error_code: int
     reason: str = ""
+    retry_interval: int = 0
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
         writer.push_varint(self.request_id)
         writer.push_varint(self.error_code)
+        if profile.layout.retry_interval:
+            writer.push_varint(self.retry_interval)
         push_reason_phrase(writer, self.reason, profile.max_reason_phrase_length)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
-        return cls(reader.pull_varint(), reader.pull_varint(),
-                   pull_reason_phrase(reader, profile.max_reason_phrase_length))
+        request_id, code = reader.pull_varint(), reader.pull_varint()
+        retry = reader.pull_varint() if profile.layout.retry_interval else 0
+        return cls(request_id, code, pull_reason_phrase(reader, profile.max_reason_phrase_length), retry)
 
 
 def check_track(namespace: Namespace, name: bytes, profile: Profile = DRAFT_14) -> None:
@@ -142,9 +158,60 @@ def push_full_track_name(writer: Writer, namespace: Namespace, name: bytes) -> N
 
 def read_full_track_name(reader: Reader, profile: Profile) -> tuple[Namespace, bytes]:
     return pull_full_track_name(reader, max_fields=profile.max_namespace_fields,
-                                max_length=profile.max_full_track_name_length)
+                                max_length=profile.max_full_track_name_length,
+                                empty_field_closes=profile.layout.empty_namespace_field_closes)
 
 
-def read_namespace(reader: Reader, profile: Profile) -> Namespace:
+def read_namespace(reader: Reader, profile: Profile, *, min_fields: int = 1) -> Namespace:
     return pull_namespace(reader, max_fields=profile.max_namespace_fields,
-                          max_length=profile.max_full_track_name_length)
+                          max_length=profile.max_full_track_name_length, min_fields=min_fields,
+                          empty_field_closes=profile.layout.empty_namespace_field_closes)
+
+
+# --- Track Extensions (draft-16: the last field of SUBSCRIBE_OK, PUBLISH and FETCH_OK) ------------
+
+_ORDER_EXTENSION: Final = ExtensionHeader.DEFAULT_PUBLISHER_GROUP_ORDER
+#: Track Extensions whose value the draft bounds ("If an endpoint receives a value ... it MUST close
+#: the session with PROTOCOL_VIOLATION"): name -> (lowest, highest).
+_BOUNDED_EXTENSIONS: Final = {ExtensionHeader.DELIVERY_TIMEOUT: (1, None), ExtensionHeader.DYNAMIC_GROUPS: (0, 1)}
+
+
+def push_track_extensions(writer: Writer, profile: Profile, extensions: tuple[KeyValuePair, ...],
+                          group_order: GroupOrder = GroupOrder.ASCENDING) -> None:
+    """Track Extensions run to the end of the message, with no length; the publisher's group order
+    travels as DEFAULT_PUBLISHER_GROUP_ORDER, omitted for ascending (its default)."""
+    if not profile.layout.track_extensions:
+        if extensions:
+            raise ValueError(f"draft-{profile.draft} has no Track Extensions")
+        return
+    pairs = list(extensions)
+    if group_order is not GroupOrder.ASCENDING:
+        pairs.append(KeyValuePair(profile.extension_headers.code(_ORDER_EXTENSION),
+                                  profile.group_orders.code(group_order)))
+    push_kvps(writer, pairs, delta=profile.layout.kvp_delta_types)
+
+
+def pull_track_extensions(reader: Reader, profile: Profile, *,
+                          lift_order: bool = True) -> tuple[GroupOrder, tuple[KeyValuePair, ...]]:
+    """(the publisher's group order, the other Track Extensions) from the rest of the message; without
+    ``lift_order`` (FETCH_OK: the order is the FETCH's) the group order stays among the extensions."""
+    if not profile.layout.track_extensions:
+        return GroupOrder.ASCENDING, ()
+    block = decode_kvp_block(reader.pull_bytes(reader.remaining), max_value_length=profile.max_kvp_value_length,
+                             delta=profile.layout.kvp_delta_types)
+    order, rest = GroupOrder.ASCENDING, []
+    for pair in block:
+        name = profile.extension_headers.name(pair.type)
+        if name is _ORDER_EXTENSION and isinstance(pair.value, int):
+            named = profile.group_orders.name(pair.value)
+            if named not in (GroupOrder.ASCENDING, GroupOrder.DESCENDING):
+                raise ProtocolViolation(_PV, f"DEFAULT_PUBLISHER_GROUP_ORDER {pair.value}")
+            if lift_order and named is GroupOrder.DESCENDING and order is GroupOrder.ASCENDING:
+                order = GroupOrder.DESCENDING
+                continue
+        bounds = _BOUNDED_EXTENSIONS.get(name) if name is not None else None
+        if bounds is not None and isinstance(pair.value, int) and not (
+                bounds[0] <= pair.value and (bounds[1] is None or pair.value <= bounds[1])):
+            raise ProtocolViolation(_PV, f"Track Extension {pair.type:#x} value {pair.value}")
+        rest.append(pair)  # the default order written out, or a second one, is kept as it came
+    return order, tuple(rest)

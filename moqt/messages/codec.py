@@ -17,6 +17,8 @@ from moqt.kinds import SessionError
 from moqt.messages.base import ControlMessage
 from moqt.messages.fetch import Fetch, FetchCancel, FetchError, FetchOk
 from moqt.messages.namespace import (
+    NamespaceDone,
+    NamespaceNotice,
     PublishNamespace,
     PublishNamespaceCancel,
     PublishNamespaceDone,
@@ -28,6 +30,7 @@ from moqt.messages.namespace import (
     UnsubscribeNamespace,
 )
 from moqt.messages.publish import Publish, PublishError, PublishOk
+from moqt.messages.request import RequestErrorReply, RequestOk, RequestUpdate
 from moqt.messages.setup import ClientSetup, GoAway, MaxRequestId, RequestsBlocked, ServerSetup
 from moqt.messages.subscribe import (
     PublishDone,
@@ -53,6 +56,7 @@ ALL_MESSAGES: Final[tuple[type[ControlMessage], ...]] = (
     TrackStatus, TrackStatusOk, TrackStatusError,
     PublishNamespace, PublishNamespaceOk, PublishNamespaceError, PublishNamespaceDone, PublishNamespaceCancel,
     SubscribeNamespace, SubscribeNamespaceOk, SubscribeNamespaceError, UnsubscribeNamespace,
+    RequestOk, RequestErrorReply, RequestUpdate, NamespaceNotice, NamespaceDone,
 )
 
 @functools.cache

@@ -1,7 +1,12 @@
-"""FETCH (standalone, relative joining, absolute joining), FETCH_OK, FETCH_ERROR, FETCH_CANCEL."""
+"""FETCH (standalone, relative joining, absolute joining), FETCH_OK, FETCH_ERROR, FETCH_CANCEL.
+
+Draft-16: FETCH's priority and group order travel as parameters (omitted at 128 and at the
+publisher's order); FETCH_OK has no group order and ends with Track Extensions.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar, Self
 
@@ -15,12 +20,14 @@ from moqt.messages.base import (
     check_track,
     pull_flag,
     pull_group_order,
+    pull_track_extensions,
     push_full_track_name,
+    push_track_extensions,
     read_full_track_name,
 )
 from moqt.params import RequestParameters
 from moqt.profiles import DRAFT_14, Profile
-from moqt.wire import Location, Namespace, Reader, Writer
+from moqt.wire import KeyValuePair, Location, Namespace, Reader, Writer
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +84,14 @@ class Fetch(ControlMessage):
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
         writer.push_varint(self.request_id)
-        writer.push_uint8(self.subscriber_priority)
-        writer.push_uint8(profile.group_orders.code(self.group_order))
+        parameters = self.parameters
+        if profile.layout.fields_as_parameters:
+            parameters = dataclasses.replace(
+                parameters, subscriber_priority=None if self.subscriber_priority == 128 else self.subscriber_priority,
+                group_order=None if self.group_order is GroupOrder.PUBLISHER_DEFAULT else self.group_order)
+        else:
+            writer.push_uint8(self.subscriber_priority)
+            writer.push_uint8(profile.group_orders.code(self.group_order))
         writer.push_varint(profile.fetch_types.code(self.fetch_type))
         if self.standalone is not None:
             push_full_track_name(writer, self.standalone.track_namespace, self.standalone.track_name)
@@ -87,13 +100,14 @@ class Fetch(ControlMessage):
         if self.joining is not None:
             writer.push_varint(self.joining.joining_request_id)
             writer.push_varint(self.joining.joining_start)
-        self.parameters.encode(writer, profile)
+        parameters.encode(writer, profile)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
-        priority = reader.pull_uint8()
-        order = pull_group_order(reader, profile, allow_default=True)
+        in_fields = not profile.layout.fields_as_parameters
+        priority = reader.pull_uint8() if in_fields else 128
+        order = pull_group_order(reader, profile, allow_default=True) if in_fields else GroupOrder.PUBLISHER_DEFAULT
         raw_type = reader.pull_varint()
         fetch_type = profile.fetch_types.name(raw_type)
         if fetch_type is None:
@@ -105,12 +119,20 @@ class Fetch(ControlMessage):
         else:
             joining = JoiningFetch(reader.pull_varint(), reader.pull_varint())
         params = RequestParameters.decode(reader, cls.KIND, profile)
+        if not in_fields:
+            priority = priority if params.subscriber_priority is None else params.subscriber_priority
+            order = params.group_order or order
+            params = dataclasses.replace(params, subscriber_priority=None, group_order=None)
         return cls(request_id, fetch_type, standalone, joining, priority, order, params)
 
 
 @dataclass(frozen=True, slots=True)
 class FetchOk(ControlMessage):
-    """FETCH_OK (0x18, section 9.17): Group Order, End Of Track, End Location, Parameters."""
+    """FETCH_OK (0x18, section 9.17): Group Order, End Of Track, End Location, Parameters.
+
+    Draft-16 has no Group Order here (the FETCH's own, ascending when it named none) and ends with
+    Track Extensions; decoded there ``group_order`` reads ascending and the session puts the FETCH's.
+    """
 
     KIND: ClassVar[MessageKind] = MessageKind.FETCH_OK
     request_id: int
@@ -118,24 +140,31 @@ class FetchOk(ControlMessage):
     group_order: GroupOrder = GroupOrder.ASCENDING
     end_of_track: bool = False
     parameters: RequestParameters = field(default_factory=RequestParameters)
+    track_extensions: tuple[KeyValuePair, ...] = ()
 
     def __post_init__(self) -> None:
         check_response_group_order(self.group_order)
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
         writer.push_varint(self.request_id)
-        writer.push_uint8(profile.group_orders.code(self.group_order))
+        if not profile.layout.fields_as_parameters:
+            writer.push_uint8(profile.group_orders.code(self.group_order))
         writer.push_uint8(int(self.end_of_track))
         self.end_location.encode(writer)
         self.parameters.encode(writer, profile)
+        push_track_extensions(writer, profile, self.track_extensions)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
-        order = pull_group_order(reader, profile, allow_default=False)
+        order = GroupOrder.ASCENDING
+        if not profile.layout.fields_as_parameters:
+            order = pull_group_order(reader, profile, allow_default=False)
         end_of_track = pull_flag(reader, "End Of Track")
         end = Location.decode(reader)
-        return cls(request_id, end, order, end_of_track, RequestParameters.decode(reader, cls.KIND, profile))
+        params = RequestParameters.decode(reader, cls.KIND, profile)
+        _, extensions = pull_track_extensions(reader, profile, lift_order=False)
+        return cls(request_id, end, order, end_of_track, params, extensions)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,46 @@
-"""Namespace discovery: PUBLISH_NAMESPACE family and SUBSCRIBE_NAMESPACE family (sections 9.23-9.31)."""
+"""Namespace discovery: PUBLISH_NAMESPACE family and SUBSCRIBE_NAMESPACE family (sections 9.23-9.31),
+and draft-16's NAMESPACE / NAMESPACE_DONE (sent on a SUBSCRIBE_NAMESPACE's own stream).
+
+Draft-16 names the PUBLISH_NAMESPACE that PUBLISH_NAMESPACE_DONE / _CANCEL end by its Request ID
+(``Layout.namespace_ends_by_request_id``); those messages carry both fields, and each draft's codec
+sends the one it has (the session fills the other from its request table).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import ClassVar, Self
 
-from moqt.kinds import MessageKind
+from moqt.errors import ProtocolViolation
+from moqt.kinds import MessageKind, SessionError, SubscribeOptions
 from moqt.messages.base import ControlMessage, RequestErrorMessage, RequestIdMessage, read_namespace
 from moqt.params import RequestParameters
 from moqt.profiles import DRAFT_14, Profile
 from moqt.wire import Namespace, Reader, Writer, check_namespace, pull_reason_phrase, push_namespace, push_reason_phrase
+
+
+def _check_ending(namespace: Namespace, request_id: int | None) -> None:
+    if namespace:
+        check_namespace(namespace)
+    elif request_id is None:
+        raise ValueError("the message needs the Track Namespace or the Request ID it ends")
+
+
+def _push_ending(writer: Writer, profile: Profile, namespace: Namespace, request_id: int | None) -> None:
+    if profile.layout.namespace_ends_by_request_id:
+        if request_id is None:
+            raise ValueError(f"draft-{profile.draft} names the PUBLISH_NAMESPACE by its Request ID")
+        writer.push_varint(request_id)
+    else:
+        if not namespace:
+            raise ValueError(f"draft-{profile.draft} names the Track Namespace")
+        push_namespace(writer, namespace)
+
+
+def _pull_ending(reader: Reader, profile: Profile) -> tuple[Namespace, int | None]:
+    if profile.layout.namespace_ends_by_request_id:
+        return (), reader.pull_varint()
+    return read_namespace(reader, profile), None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,67 +83,85 @@ class PublishNamespaceError(RequestErrorMessage):
 
 @dataclass(frozen=True, slots=True)
 class PublishNamespaceDone(ControlMessage):
-    """PUBLISH_NAMESPACE_DONE (0x9): only the Track Namespace (no Request ID in draft-14)."""
+    """PUBLISH_NAMESPACE_DONE (0x9): the Track Namespace (draft-14) or the Request ID (draft-16)."""
 
     KIND: ClassVar[MessageKind] = MessageKind.PUBLISH_NAMESPACE_DONE
-    track_namespace: Namespace
+    track_namespace: Namespace = ()
+    request_id: int | None = None
 
     def __post_init__(self) -> None:
-        check_namespace(self.track_namespace)
+        _check_ending(self.track_namespace, self.request_id)
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
-        push_namespace(writer, self.track_namespace)
+        _push_ending(writer, profile, self.track_namespace, self.request_id)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
-        return cls(read_namespace(reader, profile))
+        return cls(*_pull_ending(reader, profile))
 
 
 @dataclass(frozen=True, slots=True)
 class PublishNamespaceCancel(ControlMessage):
-    """PUBLISH_NAMESPACE_CANCEL (0xC): Track Namespace, Error Code, Error Reason."""
+    """PUBLISH_NAMESPACE_CANCEL (0xC): Track Namespace (draft-16: Request ID), Error Code, Error Reason."""
 
     KIND: ClassVar[MessageKind] = MessageKind.PUBLISH_NAMESPACE_CANCEL
     track_namespace: Namespace
     error_code: int
     reason: str = ""
+    request_id: int | None = None
 
     def __post_init__(self) -> None:
-        check_namespace(self.track_namespace)
+        _check_ending(self.track_namespace, self.request_id)
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
-        push_namespace(writer, self.track_namespace)
+        _push_ending(writer, profile, self.track_namespace, self.request_id)
         writer.push_varint(self.error_code)
         push_reason_phrase(writer, self.reason, profile.max_reason_phrase_length)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
-        namespace = read_namespace(reader, profile)
-        return cls(namespace, reader.pull_varint(), pull_reason_phrase(reader, profile.max_reason_phrase_length))
+        namespace, request_id = _pull_ending(reader, profile)
+        code = reader.pull_varint()
+        return cls(namespace, code, pull_reason_phrase(reader, profile.max_reason_phrase_length), request_id)
 
 
 @dataclass(frozen=True, slots=True)
 class SubscribeNamespace(ControlMessage):
-    """SUBSCRIBE_NAMESPACE (0x11): Request ID, Track Namespace Prefix (1..32 fields), Parameters."""
+    """SUBSCRIBE_NAMESPACE (0x11): Request ID, Track Namespace Prefix (1..32 fields; draft-16 0..32),
+    [Subscribe Options (i), draft-16], Parameters. Draft-14 always asks for both (``BOTH``)."""
 
     KIND: ClassVar[MessageKind] = MessageKind.SUBSCRIBE_NAMESPACE
     request_id: int
     track_namespace_prefix: Namespace
     parameters: RequestParameters = field(default_factory=RequestParameters)
+    options: SubscribeOptions = SubscribeOptions.BOTH
 
     def __post_init__(self) -> None:
-        check_namespace(self.track_namespace_prefix)
+        check_namespace(self.track_namespace_prefix, min_fields=0)
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
+        with_options = profile.layout.subscribe_namespace_options
+        if not with_options and (not self.track_namespace_prefix or self.options is not SubscribeOptions.BOTH):
+            raise ValueError(f"draft-{profile.draft} SUBSCRIBE_NAMESPACE has a non-empty prefix and no options")
         writer.push_varint(self.request_id)
         push_namespace(writer, self.track_namespace_prefix)
+        if with_options:
+            writer.push_varint(profile.subscribe_options.code(self.options))
         self.parameters.encode(writer, profile)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
-        prefix = read_namespace(reader, profile)
-        return cls(request_id, prefix, RequestParameters.decode(reader, cls.KIND, profile))
+        with_options = profile.layout.subscribe_namespace_options
+        prefix = read_namespace(reader, profile, min_fields=0 if with_options else 1)
+        options = SubscribeOptions.BOTH
+        if with_options:
+            raw = reader.pull_varint()
+            named = profile.subscribe_options.name(raw)
+            if named is None:
+                raise ProtocolViolation(SessionError.PROTOCOL_VIOLATION, f"Subscribe Options {raw}")
+            options = named
+        return cls(request_id, prefix, RequestParameters.decode(reader, cls.KIND, profile), options)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,11 +186,50 @@ class UnsubscribeNamespace(ControlMessage):
     track_namespace_prefix: Namespace
 
     def __post_init__(self) -> None:
-        check_namespace(self.track_namespace_prefix)
+        # empty: a draft-16 subscriber closed the stream of a SUBSCRIBE_NAMESPACE for the empty prefix
+        check_namespace(self.track_namespace_prefix, min_fields=0)
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
+        if not self.track_namespace_prefix:
+            raise ValueError("UNSUBSCRIBE_NAMESPACE names a prefix of 1..32 fields")
         push_namespace(writer, self.track_namespace_prefix)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         return cls(read_namespace(reader, profile))
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceSuffixMessage(ControlMessage):
+    """Body of NAMESPACE and NAMESPACE_DONE (draft-16): the namespace's fields after the prefix.
+
+    Sent on the SUBSCRIBE_NAMESPACE's own stream, which names the subscription (no Request ID).
+    """
+
+    track_namespace_suffix: Namespace
+    request_id: int | None = None  # the SUBSCRIBE_NAMESPACE it belongs to (not on the wire: its stream says)
+
+    def __post_init__(self) -> None:
+        check_namespace(self.track_namespace_suffix, min_fields=0)
+
+    def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
+        push_namespace(writer, self.track_namespace_suffix)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
+        return cls(read_namespace(reader, profile, min_fields=0))
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceNotice(NamespaceSuffixMessage):
+    """NAMESPACE (0x8, draft-16): a namespace under the prefix is published. (Named apart from the
+    draft so that it cannot be taken for ``moqt.wire.Namespace``, the tuple type.)"""
+
+    KIND: ClassVar[MessageKind] = MessageKind.NAMESPACE
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceDone(NamespaceSuffixMessage):
+    """NAMESPACE_DONE (0xE, draft-16): a namespace under the prefix is withdrawn (after its NAMESPACE)."""
+
+    KIND: ClassVar[MessageKind] = MessageKind.NAMESPACE_DONE

@@ -1,11 +1,13 @@
 """Publisher-initiated subscriptions: PUBLISH, PUBLISH_OK, PUBLISH_ERROR (draft-14 sections 9.13-9.15).
 
 The draft-14 figures for these three messages write ``Length (i)``; section 9 fixes the Message
-Length of every control message at 16 bits, and that is what we send and expect.
+Length of every control message at 16 bits, and that is what we send and expect. Draft-16 moves the
+fields into parameters (and PUBLISH's group order into a Track Extension), as for SUBSCRIBE.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar, Self
 
@@ -18,14 +20,15 @@ from moqt.messages.base import (
     pull_flag,
     pull_group_order,
     pull_optional_location,
+    pull_track_extensions,
     push_full_track_name,
     push_optional_location,
+    push_track_extensions,
     read_full_track_name,
 )
-from moqt.messages.subscribe import check_filter, pull_filter, push_filter
-from moqt.params import RequestParameters
+from moqt.params import UNFILTERED, RequestParameters, SubscriptionFilter, check_filter, pull_filter, push_filter
 from moqt.profiles import DRAFT_14, Profile
-from moqt.wire import Location, Namespace, Reader, Writer
+from moqt.wire import KeyValuePair, Location, Namespace, Reader, Writer
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,7 @@ class Publish(ControlMessage):
     largest_location: Location | None = None
     forward: bool = True
     parameters: RequestParameters = field(default_factory=RequestParameters)
+    track_extensions: tuple[KeyValuePair, ...] = ()
 
     def __post_init__(self) -> None:
         check_track(self.track_namespace, self.track_name)
@@ -50,16 +54,27 @@ class Publish(ControlMessage):
         writer.push_varint(self.request_id)
         push_full_track_name(writer, self.track_namespace, self.track_name)
         writer.push_varint(self.track_alias)
-        writer.push_uint8(profile.group_orders.code(self.group_order))
-        push_optional_location(writer, self.largest_location)
-        writer.push_uint8(int(self.forward))
-        self.parameters.encode(writer, profile)
+        if profile.layout.fields_as_parameters:
+            dataclasses.replace(self.parameters, largest_object=self.largest_location,
+                                forward=None if self.forward else False).encode(writer, profile)
+        else:
+            writer.push_uint8(profile.group_orders.code(self.group_order))
+            push_optional_location(writer, self.largest_location)
+            writer.push_uint8(int(self.forward))
+            self.parameters.encode(writer, profile)
+        push_track_extensions(writer, profile, self.track_extensions, self.group_order)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
         namespace, name = read_full_track_name(reader, profile)
         alias = reader.pull_varint()
+        if profile.layout.fields_as_parameters:
+            params = RequestParameters.decode(reader, cls.KIND, profile)
+            order, extensions = pull_track_extensions(reader, profile)
+            rest = dataclasses.replace(params, largest_object=None, forward=None)
+            return cls(request_id, namespace, name, alias, order, params.largest_object, params.forward is not False,
+                       rest, extensions)
         order = pull_group_order(reader, profile, allow_default=False)
         largest = pull_optional_location(reader)
         forward = pull_flag(reader, "Forward")
@@ -89,6 +104,15 @@ class PublishOk(ControlMessage):
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
         writer.push_varint(self.request_id)
+        if profile.layout.fields_as_parameters:
+            # a response's group order is always ascending or descending: always sent
+            dataclasses.replace(
+                self.parameters, forward=None if self.forward else False,
+                subscriber_priority=None if self.subscriber_priority == 128 else self.subscriber_priority,
+                group_order=self.group_order,
+                subscription_filter=SubscriptionFilter(self.filter_type, self.start_location, self.end_group),
+            ).encode(writer, profile)
+            return
         writer.push_uint8(int(self.forward))
         writer.push_uint8(self.subscriber_priority)
         writer.push_uint8(profile.group_orders.code(self.group_order))
@@ -98,6 +122,14 @@ class PublishOk(ControlMessage):
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
+        if profile.layout.fields_as_parameters:
+            params = RequestParameters.decode(reader, cls.KIND, profile)
+            flt = params.subscription_filter or UNFILTERED
+            priority = 128 if params.subscriber_priority is None else params.subscriber_priority
+            rest = dataclasses.replace(params, forward=None, subscriber_priority=None, group_order=None,
+                                       subscription_filter=None)
+            return cls(request_id, params.forward is not False, priority, params.group_order or GroupOrder.ASCENDING,
+                       flt.filter_type, flt.start, flt.end_group, rest)
         forward = pull_flag(reader, "Forward")
         priority = reader.pull_uint8()
         order = pull_group_order(reader, profile, allow_default=False)

@@ -6,50 +6,74 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Self
 
 from moqt.errors import ProtocolViolation
-from moqt.kinds import MessageKind, SessionError
+from moqt.kinds import AliasType, MessageKind, SessionError
 from moqt.messages.base import ControlMessage
 from moqt.params import SetupParameters
 from moqt.profiles import DRAFT_14, Profile
 from moqt.wire import Reader, Writer
 
 
+def _check_alpn_version(versions: tuple[int, ...], profile: Profile) -> None:
+    """Where the ALPN chose the version (draft-16), a setup message can only be about that one."""
+    if not profile.layout.setup_versions and versions not in ((), (profile.version,)):
+        raise ValueError(f"draft-{profile.draft} setup messages carry no versions (the ALPN chose the version)")
+
+
 @dataclass(frozen=True, slots=True)
 class ClientSetup(ControlMessage):
-    """CLIENT_SETUP (section 9.3): Number of Supported Versions, Supported Versions, Setup Parameters."""
+    """CLIENT_SETUP (section 9.3): Number of Supported Versions, Supported Versions, Setup Parameters.
+
+    Draft-16 negotiates the version by ALPN and sends only the parameters; decoded there,
+    ``supported_versions`` is the profile's version, the one the ALPN agreed.
+    """
 
     KIND: ClassVar[MessageKind] = MessageKind.CLIENT_SETUP
     supported_versions: tuple[int, ...]
     parameters: SetupParameters = field(default_factory=SetupParameters)
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
-        writer.push_varint(len(self.supported_versions))
-        for version in self.supported_versions:
-            writer.push_varint(version)
+        if profile.layout.setup_versions:
+            writer.push_varint(len(self.supported_versions))
+            for version in self.supported_versions:
+                writer.push_varint(version)
+        else:
+            _check_alpn_version(self.supported_versions, profile)
         self.parameters.encode(writer, profile)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
-        count = reader.pull_varint()
-        # A count larger than the payload runs out of octets (NeedMoreData -> length mismatch).
-        versions = tuple(reader.pull_varint() for _ in range(count))
-        return cls(versions, SetupParameters.decode(reader, profile))
+        versions: tuple[int, ...] = (profile.version,)
+        if profile.layout.setup_versions:
+            count = reader.pull_varint()
+            # A count larger than the payload runs out of octets (NeedMoreData -> length mismatch).
+            versions = tuple(reader.pull_varint() for _ in range(count))
+        parameters = SetupParameters.decode(reader, profile)
+        if not profile.layout.setup_token_aliases and any(
+                t.alias_type in (AliasType.DELETE, AliasType.USE_ALIAS) for t in parameters.authorization_tokens):
+            raise ProtocolViolation(SessionError.PROTOCOL_VIOLATION, "DELETE or USE_ALIAS token in CLIENT_SETUP")
+        return cls(versions, parameters)
 
 
 @dataclass(frozen=True, slots=True)
 class ServerSetup(ControlMessage):
-    """SERVER_SETUP (section 9.3): Selected Version, Setup Parameters."""
+    """SERVER_SETUP (section 9.3): Selected Version, Setup Parameters (draft-16: only the parameters;
+    decoded there, ``selected_version`` is the profile's version)."""
 
     KIND: ClassVar[MessageKind] = MessageKind.SERVER_SETUP
     selected_version: int
     parameters: SetupParameters = field(default_factory=SetupParameters)
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
-        writer.push_varint(self.selected_version)
+        if profile.layout.setup_versions:
+            writer.push_varint(self.selected_version)
+        else:
+            _check_alpn_version((self.selected_version,), profile)
         self.parameters.encode(writer, profile)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
-        return cls(reader.pull_varint(), SetupParameters.decode(reader, profile))
+        version = reader.pull_varint() if profile.layout.setup_versions else profile.version
+        return cls(version, SetupParameters.decode(reader, profile))
 
 
 @dataclass(frozen=True, slots=True)

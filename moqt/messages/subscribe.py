@@ -1,13 +1,18 @@
 """Subscription messages: SUBSCRIBE, SUBSCRIBE_OK/ERROR, SUBSCRIBE_UPDATE, UNSUBSCRIBE, PUBLISH_DONE,
-and TRACK_STATUS/_OK/_ERROR, whose formats the draft defines as identical to SUBSCRIBE/_OK/_ERROR."""
+and TRACK_STATUS/_OK/_ERROR, whose formats the draft defines as identical to SUBSCRIBE/_OK/_ERROR.
+
+Draft-16 keeps SUBSCRIBE, SUBSCRIBE_OK and TRACK_STATUS but moves their fields into parameters
+(``Layout.fields_as_parameters``); the messages keep the fields, and the codec moves them. A field at
+its draft-16 default is not sent (priority 128, forward 1, the publisher's group order, expires 0).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar, Self
 
-from moqt.errors import ProtocolViolation
-from moqt.kinds import FilterType, GroupOrder, MessageKind, SessionError
+from moqt.kinds import FilterType, GroupOrder, MessageKind
 from moqt.messages.base import (
     ControlMessage,
     RequestErrorMessage,
@@ -17,42 +22,31 @@ from moqt.messages.base import (
     pull_flag,
     pull_group_order,
     pull_optional_location,
+    pull_track_extensions,
     push_full_track_name,
     push_optional_location,
+    push_track_extensions,
     read_full_track_name,
 )
-from moqt.params import RequestParameters
+from moqt.params import (
+    UNFILTERED,
+    RequestParameters,
+    SubscriptionFilter,
+    check_filter,
+    pull_filter,
+    push_filter,
+)
 from moqt.profiles import DRAFT_14, Profile
-from moqt.wire import VARINT_MAX, Location, Namespace, Reader, Writer, pull_reason_phrase, push_reason_phrase
-
-
-def check_filter(filter_type: FilterType, start: Location | None, end_group: int | None) -> None:
-    """Start Location is present exactly for the Absolute filters, End Group for AbsoluteRange."""
-    absolute = filter_type in (FilterType.ABSOLUTE_START, FilterType.ABSOLUTE_RANGE)
-    if (start is not None) != absolute or (end_group is not None) != (filter_type == FilterType.ABSOLUTE_RANGE):
-        raise ValueError(f"filter {filter_type.name} does not match start={start} end_group={end_group}")
-
-
-def push_filter(writer: Writer, profile: Profile, filter_type: FilterType, start: Location | None,
-                end_group: int | None) -> None:
-    writer.push_varint(profile.filter_types.code(filter_type))
-    if start is not None:
-        start.encode(writer)
-    if end_group is not None:
-        writer.push_varint(end_group)
-
-
-def pull_filter(reader: Reader, profile: Profile) -> tuple[FilterType, Location | None, int | None]:
-    raw = reader.pull_varint()
-    filter_type = profile.filter_types.name(raw)
-    if filter_type is None:
-        raise ProtocolViolation(SessionError.PROTOCOL_VIOLATION, f"unknown Filter Type {raw}")
-    start = end = None
-    if filter_type in (FilterType.ABSOLUTE_START, FilterType.ABSOLUTE_RANGE):
-        start = Location.decode(reader)
-    if filter_type == FilterType.ABSOLUTE_RANGE:
-        end = reader.pull_varint()
-    return filter_type, start, end
+from moqt.wire import (
+    VARINT_MAX,
+    KeyValuePair,
+    Location,
+    Namespace,
+    Reader,
+    Writer,
+    pull_reason_phrase,
+    push_reason_phrase,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +64,9 @@ class SubscribeBody(ControlMessage):
     end_group: int | None = None
     parameters: RequestParameters = field(default_factory=RequestParameters)
 
+    #: Draft-16 TRACK_STATUS leaves out the delivery fields (priority, group order, forward, filter).
+    CARRIES_DELIVERY: ClassVar[bool] = True
+
     def __post_init__(self) -> None:
         check_track(self.track_namespace, self.track_name)
         check_filter(self.filter_type, self.start_location, self.end_group)
@@ -79,16 +76,37 @@ class SubscribeBody(ControlMessage):
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
         writer.push_varint(self.request_id)
         push_full_track_name(writer, self.track_namespace, self.track_name)
+        if profile.layout.fields_as_parameters:
+            self._parameters_with_fields().encode(writer, profile)
+            return
         writer.push_uint8(self.subscriber_priority)
         writer.push_uint8(profile.group_orders.code(self.group_order))
         writer.push_uint8(int(self.forward))
         push_filter(writer, profile, self.filter_type, self.start_location, self.end_group)
         self.parameters.encode(writer, profile)
 
+    def _parameters_with_fields(self) -> RequestParameters:
+        if not self.CARRIES_DELIVERY:
+            return self.parameters
+        return dataclasses.replace(
+            self.parameters, subscriber_priority=None if self.subscriber_priority == 128 else self.subscriber_priority,
+            group_order=None if self.group_order is GroupOrder.PUBLISHER_DEFAULT else self.group_order,
+            forward=None if self.forward else False,
+            subscription_filter=SubscriptionFilter(self.filter_type, self.start_location, self.end_group))
+
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
         namespace, name = read_full_track_name(reader, profile)
+        if profile.layout.fields_as_parameters:
+            params = RequestParameters.decode(reader, cls.KIND, profile)
+            flt = params.subscription_filter or (UNFILTERED if cls.CARRIES_DELIVERY else SubscriptionFilter(
+                FilterType.LARGEST_OBJECT))
+            priority = 128 if params.subscriber_priority is None else params.subscriber_priority
+            rest = dataclasses.replace(params, subscriber_priority=None, group_order=None, forward=None,
+                                       subscription_filter=None)
+            return cls(request_id, namespace, name, priority, params.group_order or GroupOrder.PUBLISHER_DEFAULT,
+                       params.forward is not False, flt.filter_type, flt.start, flt.end_group, rest)
         priority = reader.pull_uint8()
         order = pull_group_order(reader, profile, allow_default=True)
         forward = pull_flag(reader, "Forward")
@@ -106,14 +124,20 @@ class Subscribe(SubscribeBody):
 
 @dataclass(frozen=True, slots=True)
 class TrackStatus(SubscribeBody):
-    """TRACK_STATUS (0xD): same format as SUBSCRIBE; creates no subscription."""
+    """TRACK_STATUS (0xD): same format as SUBSCRIBE; creates no subscription. Draft-16 sends none of
+    the delivery fields; decoded there they read as SUBSCRIBE's defaults."""
 
     KIND: ClassVar[MessageKind] = MessageKind.TRACK_STATUS
+    CARRIES_DELIVERY: ClassVar[bool] = False
 
 
 @dataclass(frozen=True, slots=True)
 class SubscribeOkBody(ControlMessage):
-    """SUBSCRIBE_OK fields (section 9.8); ``largest_location`` is None when Content Exists is 0."""
+    """SUBSCRIBE_OK fields (section 9.8); ``largest_location`` is None when Content Exists is 0.
+
+    Draft-16: ``expires`` and ``largest_location`` travel as EXPIRES and LARGEST_OBJECT, the group
+    order as the DEFAULT_PUBLISHER_GROUP_ORDER Track Extension; ``track_extensions`` are the others.
+    """
 
     request_id: int
     track_alias: int
@@ -121,6 +145,7 @@ class SubscribeOkBody(ControlMessage):
     group_order: GroupOrder = GroupOrder.ASCENDING
     largest_location: Location | None = None
     parameters: RequestParameters = field(default_factory=RequestParameters)
+    track_extensions: tuple[KeyValuePair, ...] = ()
 
     def __post_init__(self) -> None:
         check_response_group_order(self.group_order)
@@ -128,19 +153,29 @@ class SubscribeOkBody(ControlMessage):
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
         writer.push_varint(self.request_id)
         writer.push_varint(self.track_alias)
-        writer.push_varint(self.expires)
-        writer.push_uint8(profile.group_orders.code(self.group_order))
-        push_optional_location(writer, self.largest_location)
-        self.parameters.encode(writer, profile)
+        if profile.layout.fields_as_parameters:
+            dataclasses.replace(self.parameters, expires=self.expires or None,
+                                largest_object=self.largest_location).encode(writer, profile)
+        else:
+            writer.push_varint(self.expires)
+            writer.push_uint8(profile.group_orders.code(self.group_order))
+            push_optional_location(writer, self.largest_location)
+            self.parameters.encode(writer, profile)
+        push_track_extensions(writer, profile, self.track_extensions, self.group_order)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
         alias = reader.pull_varint()
-        expires = reader.pull_varint()
-        order = pull_group_order(reader, profile, allow_default=False)
-        largest = pull_optional_location(reader)
-        return cls(request_id, alias, expires, order, largest, RequestParameters.decode(reader, cls.KIND, profile))
+        if not profile.layout.fields_as_parameters:
+            expires = reader.pull_varint()
+            order = pull_group_order(reader, profile, allow_default=False)
+            largest = pull_optional_location(reader)
+            return cls(request_id, alias, expires, order, largest, RequestParameters.decode(reader, cls.KIND, profile))
+        params = RequestParameters.decode(reader, cls.KIND, profile)
+        order, extensions = pull_track_extensions(reader, profile)
+        rest = dataclasses.replace(params, expires=None, largest_object=None)
+        return cls(request_id, alias, params.expires or 0, order, params.largest_object, rest, extensions)
 
 
 @dataclass(frozen=True, slots=True)

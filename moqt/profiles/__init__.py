@@ -1,6 +1,10 @@
-"""Per-draft MOQT profiles (decision D3): ``Profile`` and one module per draft (``draft14``)."""
+"""Per-draft MOQT profiles (decision D3): ``Profile`` and one module per draft (``draft14``, ``draft16``)."""
 
 from moqt.profiles.base import Profile
 from moqt.profiles.draft14 import DRAFT_14
+from moqt.profiles.draft16 import DRAFT_16
 
-__all__ = ["DRAFT_14", "Profile"]
+#: Every draft this package speaks, newest first (the order a client offers them in).
+PROFILES = (DRAFT_16, DRAFT_14)
+
+__all__ = ["DRAFT_14", "DRAFT_16", "PROFILES", "Profile"]

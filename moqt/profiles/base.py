@@ -5,6 +5,12 @@ PROTOCOL_VIOLATION, TRACK_DOES_NOT_EXIST) and asks the profile for the number on
 writes the wire, so a new draft is a new ``Profile`` value (its own module beside ``draft14``),
 not a fork of the session. The ``*_code`` methods also take a plain integer, unchanged: a caller
 that already holds a wire code (a relay passing one on) needs no name for it.
+
+Beyond the tables, a profile says where message layouts differ (``Layout``: flags named by what
+changed, read by the codecs) and which session strategy the draft needs (``SessionShape``: the
+session maps it to a small strategy object for behaviour that changed shape, such as draft-16's
+REQUEST_OK/REQUEST_ERROR answers and SUBSCRIBE_NAMESPACE on a stream of its own). Every default is
+draft-14's, so the draft-14 profile names none of them.
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from types import MappingProxyType
-from typing import Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
+from moqt.errors import LocalError
 from moqt.kinds import (
     AliasType,
+    ExtensionHeader,
     FetchType,
     FilterType,
     GroupOrder,
@@ -30,6 +38,7 @@ from moqt.kinds import (
     SetupParameter,
     StreamReset,
     SubgroupIdMode,
+    SubscribeOptions,
 )
 
 N = TypeVar("N", bound=enum.Enum)
@@ -61,11 +70,13 @@ class CodeMap(Generic[N]):
 
 
 class SubgroupForm(NamedTuple):
-    """What a subgroup stream's type says about its header and objects."""
+    """What a subgroup stream's type says about its header and objects (``default_priority``: the
+    header has no Publisher Priority, the subscription's applies; draft-16 and later)."""
 
     subgroup_id_mode: SubgroupIdMode
     extensions_present: bool
     end_of_group: bool
+    default_priority: bool = False
 
 
 class DatagramForm(NamedTuple):
@@ -79,6 +90,7 @@ class DatagramForm(NamedTuple):
     end_of_group: bool
     object_id_present: bool
     status: bool
+    default_priority: bool = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -93,6 +105,11 @@ class DataFraming:
     fetch_header: int
     subgroup_types: Mapping[int, SubgroupForm]
     datagram_types: Mapping[int, DatagramForm]
+    #: Fetch objects start with Serialization Flags and carry no Object Status (draft-16).
+    fetch_serialization_flags: bool = False
+    #: An End of Group / End of Track object may carry Extension Headers (draft-14; draft-16 forbids
+    #: extensions on every object that is not Normal).
+    status_objects_extensions: bool = True
     subgroup_codes: Mapping[SubgroupForm, int] = field(init=False)
     datagram_codes: Mapping[DatagramForm, int] = field(init=False)
 
@@ -101,6 +118,49 @@ class DataFraming:
             object.__setattr__(self, name, MappingProxyType(dict(table)))
         object.__setattr__(self, "subgroup_codes", MappingProxyType({f: c for c, f in self.subgroup_types.items()}))
         object.__setattr__(self, "datagram_codes", MappingProxyType({f: c for c, f in self.datagram_types.items()}))
+
+
+class SessionShape(enum.Enum):
+    """Which session strategy a draft needs (``moqt.session.shapes`` maps each to its class)."""
+
+    DRAFT_14 = "one control stream, an answer message per request kind, versions in the setup messages"
+    DRAFT_16 = "REQUEST_OK / REQUEST_ERROR answers, REQUEST_UPDATE answered, SUBSCRIBE_NAMESPACE streams"
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where a draft's message layouts differ from draft-14's; the codecs read these flags.
+
+    Named by what changed, not by draft, so a later draft that keeps one change and drops another
+    sets the flags it needs. Every default is draft-14's layout.
+    """
+
+    #: CLIENT_SETUP lists Supported Versions and SERVER_SETUP a Selected Version (else the ALPN did).
+    setup_versions: bool = True
+    #: CLIENT_SETUP may carry DELETE / USE_ALIAS tokens (draft-16: PROTOCOL_VIOLATION).
+    setup_token_aliases: bool = True
+    #: Key-Value-Pair types are deltas from the previous type (parameters and extension headers).
+    kvp_delta_types: bool = False
+    #: An unknown Message Parameter closes the session (draft-14: it is ignored, kept raw).
+    unknown_parameters_close: bool = False
+    #: Priority, group order, forward, filter, expires and largest location travel as parameters.
+    fields_as_parameters: bool = False
+    #: SUBSCRIBE_OK, PUBLISH and FETCH_OK end with Track Extensions.
+    track_extensions: bool = False
+    #: REQUEST_ERROR carries a Retry Interval before its reason.
+    retry_interval: bool = False
+    #: PUBLISH_NAMESPACE_DONE and _CANCEL name the PUBLISH_NAMESPACE's Request ID, not its namespace.
+    namespace_ends_by_request_id: bool = False
+    #: SUBSCRIBE_NAMESPACE has Subscribe Options and may name the empty prefix.
+    subscribe_namespace_options: bool = False
+    #: A Track Namespace field of length 0 closes the session.
+    empty_namespace_field_closes: bool = False
+    #: A DELIVERY_TIMEOUT of 0 (parameter or track extension) closes the session.
+    zero_delivery_timeout_closes: bool = False
+
+
+def _empty_map() -> CodeMap[Any]:
+    return CodeMap({})
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -134,7 +194,21 @@ class Profile:
     max_kvp_value_length: int = 0xFFFF
     client_first_request_id: int = 0
     server_first_request_id: int = 1
+    layout: Layout = Layout()
+    shape: SessionShape = SessionShape.DRAFT_14
+    extension_headers: CodeMap[ExtensionHeader] = field(default_factory=_empty_map)
+    subscribe_options: CodeMap[SubscribeOptions] = field(default_factory=_empty_map)  # empty: not on the wire
 
     def request_error_code(self, message: MessageKind, error: RequestError | int) -> int:
-        """The Error Code of ``error`` in ``message`` (FETCH_ERROR, SUBSCRIBE_ERROR, ...)."""
-        return self.request_errors[message].code(error)
+        """The Error Code of ``error`` in ``message`` (FETCH_ERROR, SUBSCRIBE_ERROR, ...).
+
+        A name the draft has no code for (draft-16 has no NO_OBJECTS) is the caller's mistake.
+        """
+        table = self.request_errors.get(message)
+        if table is None or (not isinstance(error, int) and error not in table.codes):
+            raise LocalError(f"draft-{self.draft} has no {getattr(error, 'value', error)} code in {message.value}")
+        return table.code(error)
+
+    def has_message(self, kind: MessageKind) -> bool:
+        """Whether this draft has the message (draft-16 has no SUBSCRIBE_ERROR, draft-14 no REQUEST_OK)."""
+        return kind in self.message_types.codes

@@ -1,4 +1,6 @@
-"""``MoqtSession``: MOQT draft-14 over an aioquic ``QuicConnection``, sans-I/O (like ``H3Connection``).
+"""``MoqtSession``: MOQT (the draft its ``Profile`` names: 14 or 16) over an aioquic ``QuicConnection``,
+sans-I/O (like ``H3Connection``). The draft is chosen before the session exists -- by the ALPN the
+QUIC handshake agreed (``moqt-16``; ``moq-00`` is draft-14) -- and passed in as ``profile``.
 
 Why this shape: the session never touches sockets, tasks or clocks. The caller feeds every QUIC event
 to ``handle_event`` and gets MOQT events back; the request and publishing methods write to the
@@ -52,7 +54,7 @@ _PV: Final = SessionError.PROTOCOL_VIOLATION
 class MoqtSession(RequestApi, ObjectApi):
     """One MOQT session on one QUIC connection.
 
-    :param quic: the connection (ALPN ``moq-00``, QUIC DATAGRAM negotiated).
+    :param quic: the connection (ALPN ``profile.alpn``, QUIC DATAGRAM negotiated).
     :param role: ``"client"`` or ``"server"``; must match ``quic.configuration.is_client``.
     :param path: client: the PATH setup parameter; server: the only PATH accepted (None: any).
     :param authority: client: the AUTHORITY parameter; server: the only AUTHORITY accepted when sent.
@@ -203,21 +205,45 @@ class MoqtSession(RequestApi, ObjectApi):
         if core.control_stream_id is None and not core.is_client and stream_id % 4 == 0:
             core.control_stream_id = stream_id
         if stream_id != core.control_stream_id:
-            raise ProtocolViolation(_PV, f"bidirectional stream {stream_id} besides the control stream")
+            self._on_request_stream(event)
+            return
         for message in self._parser.feed(event.data):
             self._on_control(message)
         if event.end_stream:
             raise ProtocolViolation(_PV, "the control stream was closed")
 
+    def _on_request_stream(self, event: StreamDataReceived) -> None:
+        """A bidirectional stream besides the control stream: a request's own (draft-16
+        SUBSCRIBE_NAMESPACE), which the shape reads; draft-14 has none (PROTOCOL_VIOLATION)."""
+        core = self._core
+        shape = core.shape
+        if not shape.owns(event.stream_id):
+            raise ProtocolViolation(_PV, f"bidirectional stream {event.stream_id} besides the control stream")
+        if not core.established:  # the draft lets us reset such a stream rather than buffer it
+            core.stop_receiving(event.stream_id)
+            return
+        for message in shape.request_stream(event.stream_id, event.data, event.end_stream):
+            self._control.handle(message)
+
     def _on_stream_reset(self, event: StreamReset) -> None:
         if event.stream_id == self._core.control_stream_id:
             raise ProtocolViolation(_PV, "the control stream was reset")
+        if not event.stream_id & 0x2:  # bidirectional: a request's stream
+            self._request_stream_closed(event.stream_id)
+            return
         self._data.reset(event.stream_id, event.error_code)
+
+    def _request_stream_closed(self, stream_id: int) -> None:
+        for message in self._core.shape.request_stream_closed(stream_id):
+            self._control.handle(message)
 
     def _on_stop_sending(self, event: StopSendingReceived) -> None:
         core = self._core
         if event.stream_id == core.control_stream_id:
             raise ProtocolViolation(_PV, "STOP_SENDING on the control stream")
+        if not event.stream_id & 0x2:
+            self._request_stream_closed(event.stream_id)
+            return
         stream = core.outbound.pop(event.stream_id, None)
         if stream is None:
             return
@@ -237,7 +263,9 @@ class MoqtSession(RequestApi, ObjectApi):
         elif isinstance(message, ClientSetup | ServerSetup):
             raise ProtocolViolation(_PV, f"a second {message.KIND.value}")
         else:
-            self._control.handle(message)
+            neutral = self._core.shape.receive(message)  # draft-16 answers turned into the neutral ones
+            if neutral is not None:
+                self._control.handle(neutral)
 
     # -- setup -----------------------------------------------------------------------------------
     def _start_client(self) -> None:

@@ -16,6 +16,7 @@ from moqt.data import (
     DataEvent,
     DataStreamParser,
     FetchHeader,
+    FetchRangeEnd,
     ObjectDatagram,
     ObjectHeader,
     PayloadChunk,
@@ -150,6 +151,8 @@ class DataReceiver:
             elif isinstance(event, PayloadChunk):
                 fin_next = index + 1 < len(events) and isinstance(events[index + 1], StreamFinished)
                 self._on_chunk(stream, event, fin_next)
+            elif isinstance(event, FetchRangeEnd):
+                self._on_range_end(stream, event)
             else:
                 self._on_finished(stream)
 
@@ -191,14 +194,25 @@ class DataReceiver:
             raise ProtocolViolation(_PV, f"a second fetch stream for Request ID {header.request_id}")
         stream.request_id = header.request_id
 
-    def _on_object(self, stream: InboundStream, header: ObjectHeader, fin_next: bool) -> None:
+    def _fetched(self, stream: InboundStream, location: Location) -> bool:
+        """Check a fetch stream's next Location against the promised order; False: malformed (handled)."""
         request = self._core.requests.get(stream.request_id) if stream.request_id is not None else None
         if isinstance(stream.header, FetchHeader) and request is not None:
-            problem = _fetch_order_problem(request, header)
+            problem = _fetch_order_problem(request, location)
             if problem is not None:
                 self._malformed(stream, request, problem)
-                return
-            request.last_location = Location(header.group_id, header.object_id)
+                return False
+            request.last_location = location
+        return True
+
+    def _on_range_end(self, stream: InboundStream, end: FetchRangeEnd) -> None:
+        """Draft-16 End of Range: nothing to deliver (the objects up to it are absent or unknown), but
+        it moves the fetch on like an object. Not yet surfaced to the application."""
+        self._fetched(stream, Location(end.group_id, end.object_id))
+
+    def _on_object(self, stream: InboundStream, header: ObjectHeader, fin_next: bool) -> None:
+        if not self._fetched(stream, Location(header.group_id, header.object_id)):
+            return
         stream.current = header
         stream.assembly = None
         if header.payload_length == 0:
@@ -272,15 +286,15 @@ class DataReceiver:
         core.events.append(MalformedTrack(request.request_id, reason))
 
 
-def _fetch_order_problem(request: Request, header: ObjectHeader) -> str | None:
+def _fetch_order_problem(request: Request, at: Location) -> str | None:
     """Malformed-track rules 1-3 for a fetch response (objects in the promised order)."""
     last = request.last_location
     if last is None:
         return None
-    if header.group_id == last.group:
-        return None if header.object_id > last.object else "fetched Object IDs do not increase within a group"
-    if request.group_order == GroupOrder.ASCENDING and header.group_id < last.group:
+    if at.group == last.group:
+        return None if at.object > last.object else "fetched Object IDs do not increase within a group"
+    if request.group_order == GroupOrder.ASCENDING and at.group < last.group:
         return "ascending fetch went back a group"
-    if request.group_order == GroupOrder.DESCENDING and header.group_id > last.group:
+    if request.group_order == GroupOrder.DESCENDING and at.group > last.group:
         return "descending fetch went forward a group"
     return None

@@ -23,6 +23,8 @@ from moqt.messages import (
     FetchOk,
     GoAway,
     MaxRequestId,
+    NamespaceDone,
+    NamespaceNotice,
     Publish,
     PublishDone,
     PublishError,
@@ -32,7 +34,10 @@ from moqt.messages import (
     PublishNamespaceError,
     PublishNamespaceOk,
     PublishOk,
+    RequestErrorReply,
+    RequestOk,
     RequestsBlocked,
+    RequestUpdate,
     Subscribe,
     SubscribeError,
     SubscribeNamespace,
@@ -50,7 +55,7 @@ from moqt.messages.subscribe import filter_start
 from moqt.params import RequestParameters, ResolvedToken
 from moqt.session.data_streams import DataReceiver
 from moqt.session.request_state import Origin, RequestKind
-from moqt.session.requests import Request, namespaces_overlap
+from moqt.session.requests import Request, apply_update, namespaces_overlap, update_problem
 from moqt.session.state import SessionState
 from moqt.session.tokens import TokenCache
 from moqt.wire import Namespace
@@ -71,7 +76,7 @@ class ControlHandler:
             Publish: self._on_publish, PublishNamespace: self._on_publish_namespace,
             SubscribeNamespace: self._on_subscribe_namespace, SubscribeUpdate: self._on_subscribe_update,
             SubscribeOk: self._on_subscribe_ok, SubscribeError: self._on_subscribe_error,
-            TrackStatusOk: self._on_track_status_answer, TrackStatusError: self._on_track_status_answer,
+            TrackStatusOk: self._on_final_answer, TrackStatusError: self._on_final_answer,
             PublishOk: self._on_publish_ok, PublishError: self._on_publish_error,
             FetchOk: self._on_fetch_ok, FetchError: self._on_fetch_error,
             PublishNamespaceOk: self._on_namespace_ok, PublishNamespaceError: self._on_namespace_error,
@@ -81,6 +86,9 @@ class ControlHandler:
             PublishNamespaceCancel: self._on_publish_namespace_cancel,
             UnsubscribeNamespace: self._on_unsubscribe_namespace,
             GoAway: self._on_goaway, MaxRequestId: self._on_max_request_id, RequestsBlocked: self._on_requests_blocked,
+            # draft-16 (the shape lets through only what is not a neutral answer)
+            RequestUpdate: self._on_request_update, RequestOk: self._on_final_answer,
+            RequestErrorReply: self._on_final_answer, NamespaceNotice: self._emit, NamespaceDone: self._emit,
         }
 
     def handle(self, message: ControlMessage) -> None:
@@ -110,14 +118,24 @@ class ControlHandler:
 
     def _on_subscribe(self, msg: Subscribe) -> None:
         self._accept_id(msg.request_id)
-        for other in self._core.requests.values():
-            if other.kind == RequestKind.SUBSCRIBE and not other.local \
-                    and (other.namespace, other.track_name) == (msg.track_namespace, msg.track_name):
-                raise ProtocolViolation(_PV, "a second active subscription to the same track")
+        if any(other.kind == RequestKind.SUBSCRIBE and not other.local
+               and (other.namespace, other.track_name) == (msg.track_namespace, msg.track_name)
+               for other in self._core.requests.values()):
+            self._refuse_duplicate(msg.request_id)
+            return
         self._register(Request(msg.request_id, RequestKind.SUBSCRIBE, False, msg.track_namespace, msg.track_name,
                                filter_type=msg.filter_type, start=msg.start_location, end_group=msg.end_group,
                                forward=msg.forward, group_order=msg.group_order))
         self._emit(msg)
+
+    def _refuse_duplicate(self, request_id: int) -> None:
+        """A second subscription to one track: draft-16 refuses it with DUPLICATE_SUBSCRIPTION;
+        draft-14, which has no such code, closes the session."""
+        errors = self._core.profile.request_errors[MessageKind.SUBSCRIBE_ERROR]
+        if RequestError.DUPLICATE_SUBSCRIPTION not in errors.codes:
+            raise ProtocolViolation(_PV, "a second active subscription to the same track")
+        code = errors.code(RequestError.DUPLICATE_SUBSCRIPTION)
+        self._core.send_control(SubscribeError(request_id, code, "already subscribed to this track"))
 
     def _on_track_status(self, msg: TrackStatus) -> None:
         self._accept_id(msg.request_id)
@@ -189,6 +207,26 @@ class ControlHandler:
         target.start, target.end_group, target.forward = msg.start_location, msg.end_group, msg.forward
         self._emit(msg)
 
+    def _on_request_update(self, msg: RequestUpdate) -> None:
+        """Draft-16: an update of any request the peer sent (or a subscription to its PUBLISH); it is
+        a request itself, which the application answers (``update_ok`` / ``update_error``)."""
+        core = self._core
+        self._accept_id(msg.request_id)
+        target = core.requests.get(msg.existing_request_id)
+        if target is None:
+            if not core.existed(msg.existing_request_id):
+                raise ProtocolViolation(_PV, f"REQUEST_UPDATE of unknown Request ID {msg.existing_request_id}")
+            code = core.profile.request_error_code(MessageKind.REQUEST_ERROR, RequestError.TRACK_DOES_NOT_EXIST)
+            core.send_control(RequestErrorReply(msg.request_id, code, "that request is over"))
+            return
+        target.step(Origin.PEER, MessageKind.REQUEST_UPDATE)
+        problem = update_problem(target, msg.parameters)
+        if problem is not None:
+            raise ProtocolViolation(_PV, problem)
+        apply_update(target, msg.parameters)
+        self._register(Request(msg.request_id, RequestKind.UPDATE, False, updates=target.request_id))
+        self._emit(msg)
+
     # -- answers to our requests -----------------------------------------------------------------
     def _answer(self, request_id: int, message: MessageKind) -> Request | None:
         """The open local request this answer is for; None when we had already cancelled it."""
@@ -220,7 +258,8 @@ class ControlHandler:
             self._core.remove_request(request)
             self._emit(msg)
 
-    def _on_track_status_answer(self, msg: TrackStatusOk | TrackStatusError) -> None:
+    def _on_final_answer(self, msg: TrackStatusOk | TrackStatusError | RequestOk | RequestErrorReply) -> None:
+        """An answer after which the request is over (TRACK_STATUS's; draft-16 REQUEST_UPDATE's)."""
         request = self._answer(msg.request_id, msg.KIND)
         if request is not None:
             self._core.remove_request(request)
@@ -303,20 +342,33 @@ class ControlHandler:
             self._emit(msg)
 
     def _end_namespace(self, kind: RequestKind, namespace: Namespace, message: MessageKind) -> None:
-        """The namespace messages name no Request ID: end the request they may end, if there is one."""
+        """The draft-14 namespace messages name no Request ID: end the request they may end, if any."""
         for request in self._core.requests.values():
             if request.kind == kind and request.namespace == namespace and request.allows(Origin.PEER, message):
                 request.step(Origin.PEER, message)
                 self._core.remove_request(request)
                 return
 
+    def _end_published_namespace(self, msg: PublishNamespaceDone | PublishNamespaceCancel) -> bool:
+        """End the PUBLISH_NAMESPACE the message names (draft-16: by Request ID); False: already over."""
+        if msg.request_id is None:
+            self._end_namespace(RequestKind.PUBLISH_NAMESPACE, msg.track_namespace, msg.KIND)
+            return True
+        request = self._ending(msg.request_id, msg.KIND)
+        if request is None:
+            return False
+        if request.kind != RequestKind.PUBLISH_NAMESPACE:
+            raise ProtocolViolation(_PV, f"{msg.KIND.value} for {request.kind.value} {msg.request_id}")
+        self._core.remove_request(request)
+        return True
+
     def _on_publish_namespace_done(self, msg: PublishNamespaceDone) -> None:
-        self._end_namespace(RequestKind.PUBLISH_NAMESPACE, msg.track_namespace, msg.KIND)
-        self._emit(msg)
+        if self._end_published_namespace(msg):
+            self._emit(msg)
 
     def _on_publish_namespace_cancel(self, msg: PublishNamespaceCancel) -> None:
-        self._end_namespace(RequestKind.PUBLISH_NAMESPACE, msg.track_namespace, msg.KIND)
-        self._emit(msg)
+        if self._end_published_namespace(msg):
+            self._emit(msg)
 
     def _on_unsubscribe_namespace(self, msg: UnsubscribeNamespace) -> None:
         self._end_namespace(RequestKind.SUBSCRIBE_NAMESPACE, msg.track_namespace_prefix, msg.KIND)

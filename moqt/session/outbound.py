@@ -20,6 +20,8 @@ from moqt.messages import (
     FetchError,
     FetchOk,
     JoiningFetch,
+    NamespaceDone,
+    NamespaceNotice,
     Publish,
     PublishDone,
     PublishError,
@@ -29,7 +31,10 @@ from moqt.messages import (
     PublishNamespaceError,
     PublishNamespaceOk,
     PublishOk,
+    RequestErrorReply,
+    RequestOk,
     RequestsBlocked,
+    RequestUpdate,
     StandaloneFetch,
     Subscribe,
     SubscribeError,
@@ -48,7 +53,7 @@ from moqt.messages.subscribe import filter_start
 from moqt.params import RequestParameters
 from moqt.session.data_streams import DataReceiver
 from moqt.session.request_state import Origin, RequestKind
-from moqt.session.requests import Request
+from moqt.session.requests import Request, apply_update, update_problem
 from moqt.session.state import SessionState
 from moqt.wire import Location, Namespace
 
@@ -77,7 +82,9 @@ class RequestApi:
         return core.ids.allocate()
 
     def _send_request(self, draft: M, request: Request, *, new_request: bool = True) -> M:
-        """Take the next Request ID for an already-validated message, record it and send it."""
+        """Take the next Request ID for an already-validated message, record it and send it. What the
+        session's draft cannot say (draft-14 has no empty prefix) is refused before the ID is taken."""
+        draft.encode(self._check_open().profile)
         request_id = self._new_request_id(new_request=new_request)
         message = dataclasses.replace(draft, request_id=request_id)
         request.request_id = request_id
@@ -109,6 +116,12 @@ class RequestApi:
 
     def _request_error(self, message: MessageKind, error: RequestError | int) -> int:
         return self._core.profile.request_error_code(message, error)
+
+    def _require(self, kind: MessageKind, instead: str = "") -> None:
+        """Refuse a send the session's draft has no message for (draft-16 has no SUBSCRIBE_UPDATE)."""
+        profile = self._check_open().profile
+        if not profile.has_message(kind):
+            raise LocalError(f"draft-{profile.draft} has no {kind.value}{instead}")
 
     def _pick_alias(self, track_alias: int | None) -> int:
         """A Track Alias no subscription we publish uses: the caller's, or the next free one."""
@@ -149,7 +162,9 @@ class RequestApi:
     def subscribe_update(self, subscription_request_id: int, *, start_location: Location,
                          end_group: int | None = None, subscriber_priority: int = 128, forward: bool = True,
                          parameters: RequestParameters | None = None) -> int:
-        """Narrow (or pause/resume with ``forward``) one of our subscriptions; returns the new Request ID."""
+        """Narrow (or pause/resume with ``forward``) one of our subscriptions; returns the new Request ID.
+        Draft-14; draft-16 updates with `request_update`."""
+        self._require(MessageKind.SUBSCRIBE_UPDATE, " (use request_update)")
         core = self._check_open()
         target = core.requests.get(subscription_request_id)
         if target is None or not target.allows(Origin.LOCAL, MessageKind.SUBSCRIBE_UPDATE):
@@ -167,6 +182,40 @@ class RequestApi:
         core.send_control(dataclasses.replace(draft, request_id=request_id))
         target.start, target.end_group, target.forward = start_location, end_group, forward
         return request_id
+
+    def request_update(self, existing_request_id: int, parameters: RequestParameters) -> int:
+        """Draft-16: update one of our requests (or our subscription to the peer's PUBLISH). The
+        parameters it carries change (a SUBSCRIPTION_FILTER, FORWARD, SUBSCRIBER_PRIORITY, ...), the
+        others keep their values; returns the update's own Request ID, which the peer answers with
+        REQUEST_OK or REQUEST_ERROR (each a ``ControlMessageReceived``)."""
+        self._require(MessageKind.REQUEST_UPDATE, " (use subscribe_update)")
+        core = self._check_open()
+        target = core.requests.get(existing_request_id)
+        if target is None or not target.allows(Origin.LOCAL, MessageKind.REQUEST_UPDATE):
+            raise LocalError(f"{existing_request_id} is not a request of ours that REQUEST_UPDATE may change")
+        problem = update_problem(target, parameters)
+        if problem is not None:
+            raise LocalError(problem)
+        request = Request(0, RequestKind.UPDATE, True, updates=existing_request_id)
+        message = self._send_request(RequestUpdate(0, existing_request_id, parameters), request, new_request=False)
+        target.step(Origin.LOCAL, MessageKind.REQUEST_UPDATE)
+        apply_update(target, parameters)
+        return message.request_id
+
+    def update_ok(self, request_id: int, *, largest_location: Location | None = None,
+                  parameters: RequestParameters | None = None) -> None:
+        """Draft-16: accept the peer's REQUEST_UPDATE (for a subscription: with our Largest Location)."""
+        request = self._remote(request_id, MessageKind.REQUEST_OK)
+        self._answered(request, RequestOk(request_id, largest_location, parameters or RequestParameters()),
+                       remove=True)
+
+    def update_error(self, request_id: int, error_code: RequestError | int = RequestError.INTERNAL_ERROR,
+                     reason: str = "", *, retry_interval: int = 0) -> None:
+        """Draft-16: refuse the peer's REQUEST_UPDATE. For a subscription the draft also ends it: send
+        PUBLISH_DONE with UPDATE_FAILED once its streams are closed."""
+        request = self._remote(request_id, MessageKind.REQUEST_ERROR)
+        code = self._request_error(MessageKind.REQUEST_ERROR, error_code)
+        self._answered(request, RequestErrorReply(request_id, code, reason, retry_interval), remove=True)
 
     def unsubscribe(self, request_id: int) -> None:
         """End a subscription we receive (ours by SUBSCRIBE, or the peer's accepted PUBLISH)."""
@@ -334,7 +383,7 @@ class RequestApi:
     def publish_namespace_done(self, namespace: Namespace) -> None:
         """Withdraw a namespace we published."""
         request = self._find_namespace(RequestKind.PUBLISH_NAMESPACE, namespace, MessageKind.PUBLISH_NAMESPACE_DONE)
-        self._ended(request, PublishNamespaceDone(namespace))
+        self._ended(request, PublishNamespaceDone(namespace, request.request_id))
 
     def publish_namespace_cancel(self, namespace: Namespace,
                                  error_code: RequestError | int = RequestError.INTERNAL_ERROR,
@@ -342,7 +391,8 @@ class RequestApi:
         """Revoke our acceptance of the peer's PUBLISH_NAMESPACE."""
         kind = MessageKind.PUBLISH_NAMESPACE_CANCEL
         request = self._find_namespace(RequestKind.PUBLISH_NAMESPACE, namespace, kind)
-        self._ended(request, PublishNamespaceCancel(namespace, self._request_error(kind, error_code), reason))
+        self._ended(request, PublishNamespaceCancel(namespace, self._request_error(kind, error_code), reason,
+                                                    request.request_id))
 
     def _find_namespace(self, kind: RequestKind, namespace: Namespace, message: MessageKind) -> Request:
         """The request of ``kind`` for ``namespace`` that ``message`` (ours) may end."""
@@ -375,3 +425,19 @@ class RequestApi:
         """Withdraw our SUBSCRIBE_NAMESPACE for ``prefix``."""
         request = self._find_namespace(RequestKind.SUBSCRIBE_NAMESPACE, prefix, MessageKind.UNSUBSCRIBE_NAMESPACE)
         self._ended(request, UnsubscribeNamespace(prefix))
+
+    def namespace(self, request_id: int, suffix: Namespace) -> None:
+        """Draft-16: NAMESPACE on the peer's (accepted) SUBSCRIBE_NAMESPACE ``request_id``: a namespace
+        under its prefix, named by the fields after the prefix."""
+        self._namespace_notice(request_id, NamespaceNotice(suffix))
+
+    def namespace_done(self, request_id: int, suffix: Namespace) -> None:
+        """Draft-16: NAMESPACE_DONE: the namespace ``namespace`` named is withdrawn."""
+        self._namespace_notice(request_id, NamespaceDone(suffix))
+
+    def _namespace_notice(self, request_id: int, message: NamespaceNotice | NamespaceDone) -> None:
+        core = self._check_open()
+        request = core.requests.get(request_id)
+        if request is None or request.local or request.kind != RequestKind.SUBSCRIBE_NAMESPACE or not request.answered:
+            raise LocalError(f"{request_id} is not a SUBSCRIBE_NAMESPACE of the peer's that we accepted")
+        core.shape.send_on_request_stream(request_id, message)

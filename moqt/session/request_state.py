@@ -31,6 +31,7 @@ class RequestKind(enum.Enum):
     PUBLISH = "PUBLISH"
     PUBLISH_NAMESPACE = "PUBLISH_NAMESPACE"
     SUBSCRIBE_NAMESPACE = "SUBSCRIBE_NAMESPACE"
+    UPDATE = "REQUEST_UPDATE"  # draft-16: an update is a request, answered by REQUEST_OK / REQUEST_ERROR
 
 
 class Origin(enum.Enum):
@@ -73,6 +74,12 @@ class TrackStatusState(enum.Enum):
     CLOSED = "closed"
 
 
+class UpdateState(enum.Enum):
+    SENT = "sent"
+    RECEIVED = "received"
+    CLOSED = "closed"
+
+
 class PublishNamespaceState(enum.Enum):
     SENT = "sent"
     CANCELLED = "cancelled"  # PUBLISH_NAMESPACE_DONE sent before the answer arrived
@@ -92,17 +99,17 @@ class SubscribeNamespaceState(enum.Enum):
 
 
 RequestState = (SubscribeState | PublishState | FetchState | TrackStatusState | PublishNamespaceState
-                | SubscribeNamespaceState)
+                | SubscribeNamespaceState | UpdateState)
 
 STATES: Final[Mapping[RequestKind, type[enum.Enum]]] = MappingProxyType({
     RequestKind.SUBSCRIBE: SubscribeState, RequestKind.PUBLISH: PublishState, RequestKind.FETCH: FetchState,
     RequestKind.TRACK_STATUS: TrackStatusState, RequestKind.PUBLISH_NAMESPACE: PublishNamespaceState,
-    RequestKind.SUBSCRIBE_NAMESPACE: SubscribeNamespaceState,
+    RequestKind.SUBSCRIBE_NAMESPACE: SubscribeNamespaceState, RequestKind.UPDATE: UpdateState,
 })
 
 _K, _M, _P, _L = RequestKind, MessageKind, Origin.PEER, Origin.LOCAL
 _S, _PB, _F, _T = SubscribeState, PublishState, FetchState, TrackStatusState
-_PN, _SN = PublishNamespaceState, SubscribeNamespaceState
+_PN, _SN, _U = PublishNamespaceState, SubscribeNamespaceState, UpdateState
 
 TRANSITIONS: Final[Mapping[tuple[RequestKind, RequestState, Origin, MessageKind], RequestState]] = MappingProxyType({
     # SUBSCRIBE
@@ -179,6 +186,20 @@ TRANSITIONS: Final[Mapping[tuple[RequestKind, RequestState, Origin, MessageKind]
     (_K.SUBSCRIBE_NAMESPACE, _SN.RECEIVED, _L, _M.SUBSCRIBE_NAMESPACE_ERROR): _SN.CLOSED,
     (_K.SUBSCRIBE_NAMESPACE, _SN.SENT, _L, _M.UNSUBSCRIBE_NAMESPACE): _SN.CANCELLED,
     (_K.SUBSCRIBE_NAMESPACE, _SN.SUBSCRIBED, _L, _M.UNSUBSCRIBE_NAMESPACE): _SN.CLOSED,
+    # REQUEST_UPDATE (draft-16): one answer; and which requests its sender may update, in which state
+    (_K.UPDATE, _U.SENT, _P, _M.REQUEST_OK): _U.CLOSED,
+    (_K.UPDATE, _U.SENT, _P, _M.REQUEST_ERROR): _U.CLOSED,
+    (_K.UPDATE, _U.RECEIVED, _L, _M.REQUEST_OK): _U.CLOSED,
+    (_K.UPDATE, _U.RECEIVED, _L, _M.REQUEST_ERROR): _U.CLOSED,
+    **{(kind, state, origin, _M.REQUEST_UPDATE): state for kind, state, origin in (
+        (_K.SUBSCRIBE, _S.SENT, _L), (_K.SUBSCRIBE, _S.SUBSCRIBED, _L),
+        (_K.SUBSCRIBE, _S.RECEIVED, _P), (_K.SUBSCRIBE, _S.PUBLISHING, _P),
+        (_K.PUBLISH, _PB.SUBSCRIBED, _L), (_K.PUBLISH, _PB.PUBLISHING, _P),
+        (_K.FETCH, _F.SENT, _L), (_K.FETCH, _F.RECEIVING, _L), (_K.FETCH, _F.RECEIVED, _P), (_K.FETCH, _F.SERVING, _P),
+        (_K.PUBLISH_NAMESPACE, _PN.SENT, _L), (_K.PUBLISH_NAMESPACE, _PN.ANNOUNCED, _L),
+        (_K.PUBLISH_NAMESPACE, _PN.RECEIVED, _P), (_K.PUBLISH_NAMESPACE, _PN.ACCEPTED, _P),
+        (_K.SUBSCRIBE_NAMESPACE, _SN.SENT, _L), (_K.SUBSCRIBE_NAMESPACE, _SN.SUBSCRIBED, _L),
+        (_K.SUBSCRIBE_NAMESPACE, _SN.RECEIVED, _P), (_K.SUBSCRIBE_NAMESPACE, _SN.ACCEPTED, _P))},
 })
 
 #: The state a request starts in, by who sent it.
@@ -189,6 +210,7 @@ INITIAL: Final[Mapping[tuple[RequestKind, Origin], RequestState]] = MappingProxy
     (_K.TRACK_STATUS, _L): _T.SENT, (_K.TRACK_STATUS, _P): _T.RECEIVED,
     (_K.PUBLISH_NAMESPACE, _L): _PN.SENT, (_K.PUBLISH_NAMESPACE, _P): _PN.RECEIVED,
     (_K.SUBSCRIBE_NAMESPACE, _L): _SN.SENT, (_K.SUBSCRIBE_NAMESPACE, _P): _SN.RECEIVED,
+    (_K.UPDATE, _L): _U.SENT, (_K.UPDATE, _P): _U.RECEIVED,
 })
 
 #: Subscriptions whose objects we send / receive, by (kind, state).

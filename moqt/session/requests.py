@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from moqt.kinds import FilterType, GroupOrder, MessageKind
+from moqt.params import RequestParameters
 from moqt.session.request_state import (
     INITIAL,
     UNANSWERED,
@@ -45,6 +46,7 @@ class Request:
     streams_seen: int = 0  # subscriber: subgroup streams received
     fetch_stream_done: bool = False
     last_location: Location | None = None  # FETCH: last object received; PUBLISH: its Largest Location
+    updates: int | None = None  # REQUEST_UPDATE (draft-16): the Request ID of the request it updates
     state: RequestState = field(init=False)
 
     def __post_init__(self) -> None:
@@ -82,3 +84,36 @@ def namespaces_overlap(a: Namespace, b: Namespace) -> bool:
     """True when one namespace tuple is a prefix of (or equal to) the other."""
     n = min(len(a), len(b))
     return a[:n] == b[:n]
+
+
+#: What a draft-16 REQUEST_UPDATE may change, by the kind of request it updates (tokens always).
+_SUBSCRIPTION_UPDATES = frozenset({"delivery_timeout", "subscriber_priority", "subscription_filter", "forward",
+                                   "new_group_request"})
+_UPDATABLE: dict[RequestKind, frozenset[str]] = {
+    RequestKind.SUBSCRIBE: _SUBSCRIPTION_UPDATES, RequestKind.PUBLISH: _SUBSCRIPTION_UPDATES,
+    RequestKind.FETCH: frozenset({"subscriber_priority"}),
+}
+_UPDATE_FIELDS = ("delivery_timeout", "max_cache_duration", "expires", "largest_object", "forward",
+                  "subscriber_priority", "subscription_filter", "group_order", "new_group_request")
+
+
+def update_problem(target: Request, parameters: RequestParameters) -> str | None:
+    """Why ``parameters`` cannot update ``target`` ("invalid for the type of request"), or None."""
+    allowed = _UPDATABLE.get(target.kind, frozenset())
+    wrong = [name for name in _UPDATE_FIELDS if getattr(parameters, name) is not None and name not in allowed]
+    if wrong:
+        return f"REQUEST_UPDATE of a {target.kind.value} cannot carry {', '.join(wrong)}"
+    flt = parameters.subscription_filter
+    if flt is not None and flt.end_group is not None and flt.start is not None and flt.end_group < flt.start.group:
+        return "REQUEST_UPDATE End Group before its Start"
+    return None
+
+
+def apply_update(target: Request, parameters: RequestParameters) -> None:
+    """What the session keeps of an update: the filter and the Forward State (absent: unchanged)."""
+    flt = parameters.subscription_filter
+    if flt is not None:
+        target.filter_type, target.end_group = flt.filter_type, flt.end_group
+        target.start = flt.start  # None for the relative filters: the publisher resolves them
+    if parameters.forward is not None:
+        target.forward = parameters.forward

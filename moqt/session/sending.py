@@ -91,6 +91,18 @@ class ObjectApi:
                                             status=status)
         self._send_parts(stream, parts, end_of_stream)
 
+    def send_fetch_range_end(self, stream_id: int, group_id: int, object_id: int, *, unknown: bool = False) -> None:
+        """Draft-16 End of Range on a fetch stream: the objects after the last one sent, up to and
+        including (group_id, object_id), do not exist (``unknown``: their status is unknown)."""
+        stream = self._outbound(stream_id)
+        if not isinstance(stream.writer, FetchWriter):
+            raise LocalError("an End of Range goes on a fetch stream")
+        try:
+            head = stream.writer.encode_range_end(group_id, object_id, unknown=unknown)
+        except ValueError as exc:
+            raise LocalError(str(exc)) from exc
+        self._core.send_stream(stream_id, head)
+
     def begin_object(self, stream_id: int, object_id: int, payload_length: int, *,
                      extensions: Sequence[KeyValuePair] = (), status: ObjectStatus = ObjectStatus.NORMAL) -> None:
         """Send one object's fields on a subgroup stream; its ``payload_length`` octets follow through

@@ -32,6 +32,7 @@ from moqt.messages import ControlMessage
 from moqt.profiles import Profile
 from moqt.session.request_ids import RequestIds
 from moqt.session.requests import Request
+from moqt.session.shapes import ControlShape, shape_for
 from moqt.wire import VARINT_MAX, Bytes
 
 _RETIRED_ALIASES_KEPT: Final = 4096
@@ -99,6 +100,7 @@ class SessionState:
         self.held_bytes = 0
         self.goaway_received = False
         self.goaway_sent = False
+        self.shape: ControlShape = shape_for(self)  # the draft's strategy for what changed shape
 
     def check_open(self) -> SessionState:
         """This state, for a send the application asked for; raises unless the session is up."""
@@ -109,6 +111,11 @@ class SessionState:
         return self
 
     def send_control(self, message: ControlMessage) -> None:
+        """Send a draft-neutral message the way the draft carries it (``shape``)."""
+        self.shape.send(message)
+
+    def write_control(self, message: ControlMessage) -> None:
+        """Write a message on the control stream as it is."""
         if self.control_stream_id is None:
             raise RuntimeError("no control stream yet")
         self.quic.send_stream_data(self.control_stream_id, message.encode(self.profile))
