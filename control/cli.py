@@ -7,7 +7,6 @@ exactly one line on stderr saying what is wrong; no traceback.
 from __future__ import annotations
 
 import argparse
-import logging
 import mmap
 import re
 import sys
@@ -23,6 +22,8 @@ from kvsp.errors import KvspError, ValidationError
 from kvsp.hf.cli import add_model_parser
 from kvsp.keys import ScopeKey, block_keys
 from kvsp.pki import RoleSpec, make_dev_pki
+from kvsp.service.logs import FORMAT_ENV, LOG_FORMATS, log_format
+from kvsp.service.logs import configure as configure_logs
 
 EXIT_INVALID = 2
 MAX_TEXT_INPUT = 64 * 1024 * 1024  # descriptors and token lists are small; refuse runaway input
@@ -120,12 +121,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from control.serve import serve  # noqa: PLC0415
     from kvsp.service.config import RoleConfig  # noqa: PLC0415
 
+    fmt = log_format(args.log_format)  # a bad KVSP_LOG_FORMAT is one line too, before anything starts
     config = RoleConfig.load(Path(args.config))
     roles = tuple(r for r in args.roles.split(",") if r)
     unknown = [r for r in roles if r not in config.roles]
     if unknown:
         raise CliError(f"serve: roles {unknown} are not in {args.config} (roles = {list(config.roles)})")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logs(fmt)
     try:
         import uvloop  # noqa: PLC0415
 
@@ -198,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run one or more roles (is, holder, pc, instance, relay)")
     p.add_argument("roles", help="comma-separated roles, all of them in the config's roles")
     p.add_argument("--config", required=True)
+    p.add_argument("--log-format", choices=LOG_FORMATS,
+                   help=f"text (default) or json: one object per line (also ${FORMAT_ENV})")
     p.set_defaults(func=cmd_serve)
 
     add_model_parser(sub)

@@ -8,6 +8,10 @@ any middleware or handler has run, so a client that may not store uploads its wh
 refused.  Routes that take large bodies use `defer_continue`; the body readers here send the ``100``
 when the handler starts reading, that is after it has authorized the request and checked its
 preconditions, and a request refused before that is answered with ``Connection: close``.
+
+Logs (kvsp/service/logs.py): a malformed request (`BAD_INPUT_STATUSES`) and a client that goes away
+are a peer's fault, one rate-limited INFO line each; aiohttp's own records of such requests are
+rewritten the same way (`PeerFaultsOfAiohttp`); any other error is ours, ERROR with the traceback.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol, TypeVar
 
 from aiohttp import HttpVersion11, hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from kvsp.encoding import canonical_json, parse_json
 from kvsp.errors import KvspError
 from kvsp.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemError, ProblemType
+from kvsp.service.logs import PEER_KEY, one_line, peer_fault
 from kvsp.service.tls import identities_of
 
 log = logging.getLogger("kvsp.http")
@@ -28,6 +34,9 @@ log = logging.getLogger("kvsp.http")
 JSON_MEDIA_TYPE = "application/kvsp+json"
 BLOCK_MEDIA_TYPE = "application/kvsp-block"
 ACCEPTED_JSON_TYPES = frozenset({JSON_MEDIA_TYPE, "application/json"})
+# Answers that say the request itself was malformed: logged as a peer's fault (one INFO line).  The
+# protocol's ordinary refusals (403, 404, 409, 412, 429, ...) are not logged: the metrics count them.
+BAD_INPUT_STATUSES = frozenset({400, 411, 413, 414, 415, 417, 431})
 IDENTITY_KEY: web.RequestKey[str] = web.RequestKey("kvsp.identity", str)
 # Tests that say so explicitly may run without TLS; the identity then comes from this header.
 INSECURE_IDENTITY_HEADER = "X-Kvsp-Test-Identity"
@@ -155,7 +164,8 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception as exc:
         if request.writer.output_size > 0:
             # The status line is out: a second answer would be written into the body.  Re-raised,
-            # aiohttp logs it and closes the connection, which tells the client the body is cut.
+            # aiohttp logs it (a client gone: one INFO line) and closes the connection, which tells the
+            # client the body is cut.
             raise
         return _problem_of(request, exc)
 
@@ -163,15 +173,65 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
 def _problem_of(request: web.Request, exc: Exception) -> web.StreamResponse:
     match exc:
         case ProblemError():
-            return problem_response(exc.problem)
+            response = problem_response(exc.problem)
         case KvspError():  # ValidationError and the other input errors of the core
-            return problem_response(Problem.generic(400, "Bad Request", str(exc)))
+            response = problem_response(Problem.generic(400, "Bad Request", str(exc)))
         case web.HTTPException() if exc.status >= 400:
-            return problem_response(Problem.generic(exc.status, exc.reason), status_fields(exc))
+            response = problem_response(Problem.generic(exc.status, exc.reason), status_fields(exc))
         case web.HTTPException():
             raise exc
-    log.exception("unhandled error in %s %s", request.method, request.path, exc_info=exc)
-    return problem_response(Problem.generic(500, "Internal Server Error"))
+        case _:
+            log_failure(request, exc, log)
+            return problem_response(Problem.generic(500, "Internal Server Error"))
+    if response.status in BAD_INPUT_STATUSES:
+        peer_fault(log, f"http.{response.status}", "%s %s from %s: %d %s", request.method, one_line(request.path),
+                   request.get(IDENTITY_KEY, "?"), response.status, one_line(exc))
+    return response
+
+
+# -- logs (kvsp/service/logs.py) ----------------------------------------------------------------------
+def client_gone(request: web.Request, exc: BaseException) -> bool:
+    """Whether ``exc`` is this request's client going away (a reset, a closed socket), as opposed to a
+    connection of ours to another role failing, which is our side's trouble."""
+    if not isinstance(exc, ConnectionError):
+        return False
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def log_failure(request: web.Request, exc: BaseException, logger: logging.Logger) -> None:
+    """Log an error that no typed answer covers: one INFO line when the client went away, else ours:
+    ERROR with the traceback."""
+    if client_gone(request, exc):
+        peer_fault(logger, "http.client-gone", "client went away during %s %s (%s)", request.method,
+                   one_line(request.path), type(exc).__name__)
+    else:
+        logger.error("unhandled error in %s %s", request.method, request.path, exc_info=exc)
+
+
+class PeerFaultsOfAiohttp(logging.Filter):
+    """On aiohttp's server logger: a request that is not HTTP, or a client gone while aiohttp wrote the
+    answer, becomes one INFO line of a peer's fault instead of an ERROR with a traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info and record.levelno > logging.INFO else None
+        if isinstance(exc, HttpProcessingError) and exc.code < 500:
+            key = "http.malformed"
+        elif isinstance(exc, ConnectionError):
+            key = "http.client-gone"
+        else:
+            return True
+        record.msg = f"{record.getMessage()}: {type(exc).__name__}: {one_line(exc)}"
+        record.args, record.exc_info, record.exc_text = None, None, None
+        record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        setattr(record, PEER_KEY, key)
+        return True
+
+
+def _install_aiohttp_filter() -> None:
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, PeerFaultsOfAiohttp) for f in server_log.filters):
+        server_log.addFilter(PeerFaultsOfAiohttp())
 
 
 async def _no_store(request: web.Request, response: web.StreamResponse) -> None:
@@ -181,6 +241,7 @@ async def _no_store(request: web.Request, response: web.StreamResponse) -> None:
 
 
 def make_app(*, json_limit: int, allow_insecure: bool = False) -> web.Application:
+    _install_aiohttp_filter()  # process-wide, once: every role's listener is made here
     app = web.Application(middlewares=[kvsp_middleware], client_max_size=json_limit)
     app[ALLOW_INSECURE] = allow_insecure
     app.on_response_prepare.append(_no_store)

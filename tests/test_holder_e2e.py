@@ -14,7 +14,7 @@ from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient
 from kvsp.container import decode_container
 from kvsp.records import LookupRequest
-from kvsp.service.policy import Policy, ScopeGrant
+from kvsp.service.policy import Policy, Quotas, ScopeGrant
 from tests.support.holder import SCOPE, block_id, container, descriptor, write_descriptor
 from tests.support.servers import FakeClock, role_config, running
 
@@ -29,7 +29,8 @@ async def test_store_lookup_lease_fetch_and_withdraw(tmp_path: Path) -> None:
     pki = DevPki.make(tmp_path / "pki", ["holder", "client", "is"])
     client, holder = pki.uri("client"), pki.uri("holder")
     policy = Policy(scopes={SCOPE: ScopeGrant(lookup=frozenset({client}), read=frozenset({client}),
-                                              store=frozenset({client, holder}))})
+                                              store=frozenset({client, holder}))},
+                    quotas=Quotas(lease_octets_per_client=2 * DATA))  # the one block it holds (unset: a quarter)
     section = {"descriptors": [str(write_descriptor(D, tmp_path / "d.json"))], "index": pki.uri("is"),
                "host_capacity_octets": DATA}
     clock = FakeClock()

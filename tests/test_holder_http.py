@@ -361,7 +361,8 @@ async def test_lease_on_unknown_or_unreadable_blocks_is_404(client: Client, pki:
 
 async def test_leased_block_is_not_evicted_for_a_new_one(pki: DevPki, tmp_path: Path) -> None:
     data = 2 * D.layers * D.section_length(D.block_tokens)
-    async with running(config(pki, tmp_path, host_capacity_octets=data), clock=FakeClock()) as app, \
+    whole = Quotas(lease_octets_per_client=2 * data)  # one client may pin the whole holder here (unset: a quarter)
+    async with running(config(pki, tmp_path, whole, host_capacity_octets=data), clock=FakeClock()) as app, \
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=pki.client_ssl("client"))) as http:
         c = Client(http, pki.uri("holder"), app[HOLDER])
         first = container(D, 25)

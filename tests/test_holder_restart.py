@@ -47,7 +47,7 @@ from kvsp.client.index import IndexClient
 from kvsp.container import ContainerHeader, LayerRange, decode_container
 from kvsp.records import LookupRequest
 from kvsp.registry import Tier
-from kvsp.service.policy import Policy, ScopeGrant
+from kvsp.service.policy import Policy, Quotas, ScopeGrant
 from tests.support.holder import SCOPE, block_id, container, descriptor, meta_of, write_descriptor
 from tests.support.servers import FakeClock, role_config, running
 
@@ -312,7 +312,8 @@ class Cluster:
         self.pki = DevPki.make(tmp / "pki", ["holder", "client", "is"])
         client, holder = self.pki.uri("client"), self.pki.uri("holder")
         self.policy = Policy(scopes={SCOPE: ScopeGrant(lookup=frozenset({client}), read=frozenset({client}),
-                                                       store=frozenset({client, holder}))})
+                                                       store=frozenset({client, holder}))},
+                             quotas=Quotas(lease_octets_per_client=2 * DATA))  # unset: a quarter of 4 blocks
         self.d1 = str(write_descriptor(D, tmp / "d1.json"))
         self.d2 = str(write_descriptor(D2, tmp / "d2.json"))
 

@@ -57,7 +57,7 @@ from kvsp.numbers import parse_decimal
 from kvsp.problems import Problem, ProblemError, ProblemType
 from kvsp.records import LeaseRenewal, LeaseRequest
 from kvsp.records.lease import check_lease_id
-from kvsp.service.app import CLOCK, CONFIG
+from kvsp.service.app import CLOCK, CONFIG, HEALTH
 from kvsp.service.config import RoleConfig
 from kvsp.service.metrics import metrics_of
 from kvsp.service.tls import client_context
@@ -82,6 +82,12 @@ def setup(app: web.Application, config: RoleConfig) -> None:
         disk = DiskTier(settings.storage_dir, load_or_create_key(settings.encryption_key_file))
     app[HOLDER] = Holder(settings, base_uri=config.server.base_uri, quotas=config.policy.quotas,
                          clock=app[CLOCK], metrics=metrics, host=host, disk=disk, device=device)
+    quota = app[HOLDER].quota
+    log.info("lease quota: %d octets per client (%s; %d pinnable in all tiers)", quota.lease_octets_per_client,
+             quota.lease_quota_source, quota.pinnable_octets)
+    for warning in quota.warnings:
+        log.warning("%s", warning)
+    app[HEALTH]["holder"] = lambda app: app[HOLDER].quota.facts()
     base = config.server.base_path
     block = base + "blocks/{compat}/{scope}/{block_key}"
     app.router.add_get(block, get_block)

@@ -4,7 +4,9 @@
 store's one question, `is_leased(block_key, now)`.  Quotas are per client identity (spec section 9,
 decision D2): a request whose ``ttl_ms`` exceeds ``lease_ttl_ms_max``, or that would bring the
 client's leased octets above ``lease_octets_per_client``, is refused with kvsp-lease-quota (429)
-rather than silently trimmed, so a client never believes it holds more than it does.
+rather than silently trimmed, so a client never believes it holds more than it does.  The holder
+passes that quota resolved against its capacity (control/holder/quota.py); unset, the table knows
+no capacity and allows `LEASE_OCTETS_CEILING`.
 
 A lease belongs to the client that created it: for any other identity it does not exist (404), which
 also keeps lease identifiers from being probed.  Identifiers are 256-bit random url-safe tokens.
@@ -19,7 +21,7 @@ from typing import Final
 
 from kvsp.problems import Problem, ProblemError, ProblemType
 from kvsp.records import Lease, LeaseRenewal, LeaseRequest
-from kvsp.service.policy import Quotas
+from kvsp.service.policy import LEASE_OCTETS_CEILING, Quotas
 
 QUOTA_TTL: Final = "ttl"
 QUOTA_OCTETS: Final = "octets"
@@ -74,6 +76,12 @@ class LeaseTable:
     def __len__(self) -> int:
         return len(self._by_id)
 
+    @property
+    def octets_per_client(self) -> int:
+        """The quota each client's live leases are held to."""
+        configured = self._quotas.lease_octets_per_client
+        return LEASE_OCTETS_CEILING if configured is None else configured
+
     def __iter__(self) -> Iterator[LeaseState]:
         return iter(list(self._by_id.values()))
 
@@ -93,7 +101,7 @@ class LeaseTable:
 
     def _check_octets(self, client: str, octets: int, now: float, excluding: str | None = None) -> None:
         held = self.leased_octets(client, now, excluding=excluding)
-        limit = self._quotas.lease_octets_per_client
+        limit = self.octets_per_client
         if held + octets > limit:
             raise LeaseQuotaError(QUOTA_OCTETS, f"{octets} more leased octets would bring this client to "
                                                 f"{held + octets}, above its quota of {limit}")

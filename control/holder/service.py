@@ -26,13 +26,14 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from control.holder.disk import DROP_UNREADABLE, DiskTier, VerifyError
 from control.holder.leases import LeaseQuotaError, LeaseState, LeaseTable
 from control.holder.metrics import HolderMetrics
 from control.holder.publisher import Publisher
+from control.holder.quota import holder_quotas
 from control.holder.settings import HolderSettings
 from control.holder.store import (
     BlockExistsError,
@@ -103,7 +104,9 @@ class Holder:
         self.disk = disk
         self.device = device
         self.tiers = TierSet(device=device, host=host, disk=disk)
-        self.leases = LeaseTable(quotas)
+        # lease_octets_per_client against what these tiers can hold (unset: a quarter of it)
+        self.quota = holder_quotas(quotas, capacities, fast_layers=settings.fast_layers)
+        self.leases = LeaseTable(replace(quotas, lease_octets_per_client=self.quota.lease_octets_per_client))
         self.store = BlockStore(capacities, retention_s=settings.retention_ms / 1000, pins=self.leases,
                                 fast_layers=settings.fast_layers)
         self.publisher = Publisher(base_uri, self.record_of, clock, settings.replica_ttl_ms / 3000, metrics)

@@ -29,6 +29,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Final
 
 from kvsp.encoding import parse_hex
 from kvsp.errors import ValidationError
@@ -38,11 +39,18 @@ ANY = "*"
 IDENTITY_SCHEMES = frozenset({"https", "moqt"})
 
 
+LEASE_OCTETS_CEILING = 4 << 30  # the most a derived lease_octets_per_client allows (control/holder/quota.py)
+
+
 @dataclass(frozen=True, slots=True)
 class Quotas:
-    """Every quota the spec calls REQUIRED (section 9), with a default (D2)."""
+    """Every quota the spec calls REQUIRED (section 9), with a default (D2).
 
-    lease_octets_per_client: int = 4 << 30
+    ``lease_octets_per_client`` unset (None) is derived by each holder from its capacity: a quarter of
+    what its tiers hold together, at most `LEASE_OCTETS_CEILING` (control/holder/quota.py).
+    """
+
+    lease_octets_per_client: int | None = None
     lease_ttl_ms_max: int = 60_000
     pending_directives_per_instance: int = 64
     keys_per_lookup: int = 4096
@@ -109,6 +117,8 @@ class Policy:
 
     @classmethod
     def from_mapping(cls, doc: Mapping[str, object]) -> Policy:
+        # A misspelt member ("scopes", "[[scope]] reed") would otherwise grant or refuse silently.
+        _known_members(doc, POLICY_MEMBERS, "policy", "")
         pc = doc.get("pc")
         if pc is not None and not isinstance(pc, str):
             raise ValidationError("pc", "must be a string")
@@ -121,6 +131,7 @@ class Policy:
         for i, entry in enumerate(raw_scopes):
             if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
                 raise ValidationError(f"scope[{i}].id", "must be a hex16 scope ID")
+            _known_members(entry, SCOPE_MEMBERS, f"scope[{i}]", f"scope[{i}].")
             sid = parse_hex(entry["id"], 16, f"scope[{i}].id")
             if sid in scopes:
                 raise ValidationError(f"scope[{i}].id", "scope listed twice")
@@ -131,10 +142,23 @@ class Policy:
             raise ValidationError("publish_for", "must be a table")
         publish_for = {check_base_uri(k, "publish_for", IDENTITY_SCHEMES): _identities(v, f"publish_for.{k}")
                        for k, v in raw_pub.items()}
+        for delegate, holders in publish_for.items():
+            if ANY in holders:  # may_publish_for compares identities: "*" would match no holder at all
+                raise ValidationError(f"publish_for.{delegate}", 'must name each holder; "*" is not allowed here')
         instances = _identities(doc.get("instances", []), "instances")
         if ANY in instances:
             raise ValidationError("instances", 'must name each instance; "*" is not allowed here')
         return cls(pc, scopes, publish_for, _quotas(doc.get("quotas", {})), instances)
+
+
+POLICY_MEMBERS: Final = frozenset({"pc", "scope", "publish_for", "quotas", "instances"})
+SCOPE_MEMBERS: Final = frozenset({"id", "lookup", "read", "store"})
+
+
+def _known_members(table: Mapping[str, object], known: frozenset[str], where: str, prefix: str) -> None:
+    for name in table:
+        if name not in known:
+            raise ValidationError(f"{prefix}{name}", f"unknown member of {where}; known: {sorted(known)}")
 
 
 def _identities(value: object, member: str) -> frozenset[str]:
