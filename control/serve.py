@@ -17,11 +17,12 @@ from typing import Protocol
 from aiohttp import web
 
 from control.http import json_response, make_app
+from control.listener.site import GuardedSite
 from kvsp.errors import ValidationError
 from kvsp.service.app import CLOCK, CONFIG, HEALTH, STARTED, Clock
 from kvsp.service.config import KNOWN_ROLES, RoleConfig
 from kvsp.service.metrics import metrics_handler, metrics_of
-from kvsp.service.tls import server_context
+from kvsp.service.tls import check_identity, server_context
 
 log = logging.getLogger("kvsp.serve")
 
@@ -102,14 +103,18 @@ async def health_handler(request: web.Request) -> web.Response:
 @asynccontextmanager
 async def serving(config: RoleConfig, *, clock: Clock = time.monotonic, app: web.Application | None = None,
                   roles: tuple[str, ...] | None = None) -> AsyncIterator[web.Application]:
-    """Serve ``config``'s roles over mutual TLS for the duration of the block (in this process)."""
+    """Serve ``config``'s roles over mutual TLS for the duration of the block (in this process), on a
+    listener guarded by ``[server]``'s limits (control/listener)."""
     if config.tls is None:
         raise ValidationError("tls", "is required: every KVSP listener uses mutual TLS 1.3 (D1)")
+    check_identity(config.tls, config.server.base_uri)
     app = app if app is not None else build_app(config, clock=clock, roles=roles)
+    metrics = metrics_of(app)  # before the app is frozen: an app of a test's own may have none yet
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.server.host, config.server.port, ssl_context=server_context(config.tls))
+        site = GuardedSite(runner, config.server.host, config.server.port, limits=config.server.limits,
+                           metrics=metrics, name="mtls", ssl_context=server_context(config.tls))
         await site.start()
         yield app
     finally:

@@ -22,7 +22,8 @@ MOQT_CORES = ("moqt.wire", "moqt.messages", "moqt.data", "moqt.profiles", "moqt.
 OTHER_CORES = ("relay.core", "kvsp.moqt_binding", "kvsp.container", "kvsp.container_stream", "kvsp.records",
                "kvsp.descriptor", "kvsp.keys", "kvsp.placement", "kvsp.identifiers", "kvsp.problems", "kvsp.numbers",
                "kvsp.output", "kvsp.reader", "control.pc.core", "control.instance.core", "control.holder.store",
-               "control.holder.leases", "control.index.store", "control.index.status")
+               "control.holder.leases", "control.index.store", "control.index.status", "control.listener.core",
+               "control.frontend.admission")
 
 
 def _loaded(module: str) -> list[str]:

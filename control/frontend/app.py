@@ -20,10 +20,12 @@ import logging
 import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiohttp import web
+from prometheus_client import Counter
 
+from control.frontend.admission import Admission
 from control.frontend.follower import FollowError, SessionFollower
 from control.frontend.metrics import FrontendMetrics
 from control.frontend.openai import (
@@ -39,7 +41,8 @@ from control.frontend.openai import (
 )
 from control.frontend.settings import FrontendSettings
 from control.frontend.tokenizer import TextStream, Tokenizer, load_tokenizer
-from control.http import close_if_uninvited, defer_continue, read_limited, status_fields
+from control.http import close_if_uninvited, defer_continue, log_failure, read_limited, status_fields
+from control.listener.site import GuardedSite
 from control.pc.endpoints import PcEndpoints
 from kvsp.client.http import ClientOptions, KvspSession
 from kvsp.problems import ProblemError
@@ -62,12 +65,18 @@ class Frontend:
     tokenizer: Tokenizer
     http: KvspSession
     metrics: FrontendMetrics
-    in_flight: int = 0
+    refusals: Counter  # label: limit (`admission.LIMITS`): the 429s of a full cap
     started: float = field(default_factory=time.time)
     pcs: PcEndpoints = field(init=False)  # shared by every request: it remembers which PC leads
+    admission: Admission = field(init=False)
 
     def __post_init__(self) -> None:
         self.pcs = PcEndpoints(self.settings.pc)
+        self.admission = Admission(self.settings.caps)
+
+    @property
+    def in_flight(self) -> int:
+        return self.admission.in_flight
 
     @property
     def limits(self) -> Limits:
@@ -91,6 +100,7 @@ FRONTEND: web.AppKey[Frontend] = web.AppKey("kvsp.frontend", Frontend)
 # A 401 carries the challenge (RFC 9110 section 15.5.2); the API keys are Bearer tokens (RFC 6750).
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="kvsp"'}
 _INVALID = {"WWW-Authenticate": 'Bearer realm="kvsp", error="invalid_token"'}
+_RETRY = {"Retry-After": "1"}  # a cap is full: slots free as streams end (RFC 9110 section 10.2.3)
 
 
 def _tenant(fe: Frontend, request: web.Request) -> str:
@@ -122,10 +132,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
     fe = request.app[FRONTEND]
     tenant = _tenant(fe, request)
     req = parse_completion(await _body(request, fe.settings.body_limit_octets), fe.limits, fe.tokenizer)
-    if fe.in_flight >= fe.settings.max_concurrent:
-        raise ApiError(429, "Too Many Requests", f"{fe.in_flight} requests are in flight; try again later",
-                       kind="rate_limit_error")
-    fe.in_flight += 1
+    client = request.remote or "?"
+    refusal = fe.admission.acquire(tenant, client)
+    if refusal is not None:
+        fe.refusals.labels(refusal.limit).inc()
+        raise ApiError(429, "Too Many Requests", refusal.detail, kind="rate_limit_error", fields=_RETRY)
     fe.metrics.in_flight.set(fe.in_flight)
     try:
         async with asyncio.timeout(fe.settings.request_timeout_ms / 1000):
@@ -133,7 +144,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     except TimeoutError as exc:
         raise ApiError(504, "Gateway Timeout", "the completion did not finish in time", kind="server_error") from exc
     finally:
-        fe.in_flight -= 1
+        fe.admission.release(tenant, client)
         fe.metrics.in_flight.set(fe.in_flight)
 
 
@@ -247,7 +258,7 @@ def _api_error(request: web.Request, exc: Exception) -> ApiError:
                             fields=status_fields(exc))
         case web.HTTPException():
             raise exc
-    log.error("unhandled error in %s %s", request.method, request.path, exc_info=exc)
+    log_failure(request, exc, log)  # a client gone: one INFO line; else ours, with the traceback
     return ApiError(500, "Internal Server Error", "the front end failed", kind="server_error")
 
 
@@ -276,16 +287,20 @@ def setup(app: web.Application, config: RoleConfig) -> None:
     tls = config.tls
     tokenizer = load_tokenizer(settings.tokenizer)
     metrics = FrontendMetrics.register(metrics_of(app))
+    refusals = metrics_of(app).counter("kvsp_frontend_refused_total", "Completions refused with 429 by a full cap",
+                                       ("limit",))
+    public_limits = replace(config.server.limits, max_connections_per_client=settings.max_connections_per_client)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         http = KvspSession(client_context(tls), ClientOptions(request_timeout_s=30.0, max_connections=1024,
                                                               max_connections_per_host=512))
-        fe = Frontend(settings, tokenizer, http, metrics)
+        fe = Frontend(settings, tokenizer, http, metrics, refusals)
         app[FRONTEND] = fe
         runner = web.AppRunner(public_app(fe), access_log=None, shutdown_timeout=2.0)
         await runner.setup()
         try:
-            await web.TCPSite(runner, settings.host, settings.port, ssl_context=_public_ssl(settings)).start()
+            await GuardedSite(runner, settings.host, settings.port, limits=public_limits, metrics=metrics_of(app),
+                              name="public", ssl_context=_public_ssl(settings)).start()
             log.info("completions API at %s://%s:%d/v1/completions", "https" if settings.public_tls else "http",
                      settings.host, settings.port)
             yield

@@ -14,13 +14,17 @@
     max_prompt_tokens = 8192
     max_tokens_limit = 4096                # the largest "max_tokens" accepted
     max_concurrent = 64                    # requests in flight; more get 429
+    max_concurrent_per_tenant = 32         # of them, one tenant's (default: half of max_concurrent)
+    max_concurrent_per_client = 16         # of them, one client address's (default: a quarter)
+    max_connections_per_client = 256       # open connections to the public listener from one address
     body_limit_octets = 1048576
     stall_ms = 1000                        # no line for this long: ask the PC whether the owner changed
     request_timeout_ms = 300000            # one request, end to end
     stranded_retry_ms = 5000               # a session stranded this long without output is submitted again
 
-Unknown keys are refused.  Relative paths resolve against the configuration file's folder.  API key
-files are read here and nowhere else; keys never appear in errors or logs.
+The public listener has the timeouts of ``[server]`` (`kvsp.service.config.ListenerLimits`) and its own
+per-address connection cap.  Unknown keys are refused.  Relative paths resolve against the configuration
+file's folder.  API key files are read here and nowhere else; keys never appear in errors or logs.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
+from control.frontend.admission import Caps
 from control.pc.endpoints import pc_uris
 from kvsp.descriptor import CompatDescriptor
 from kvsp.encoding import parse_hex
@@ -44,7 +49,8 @@ from kvsp.service.config import RoleConfig
 KNOWN_KEYS: Final = frozenset({
     "pc", "listen", "public_tls", "model", "descriptor", "tokenizer", "tenants", "api_keys", "anonymous_tenant",
     "max_prompt_tokens", "max_tokens_limit", "max_concurrent", "body_limit_octets", "stall_ms",
-    "request_timeout_ms", "stranded_retry_ms",
+    "request_timeout_ms", "stranded_retry_ms", "max_concurrent_per_tenant", "max_concurrent_per_client",
+    "max_connections_per_client",
 })
 MAX_TENANTS: Final = 1024
 MAX_NAME: Final = 128
@@ -76,6 +82,13 @@ class FrontendSettings:
     stall_ms: int = 1000
     request_timeout_ms: int = 300_000
     stranded_retry_ms: int = 5000
+    max_concurrent_per_tenant: int | None = None  # None: derived from max_concurrent (`Caps.derived`)
+    max_concurrent_per_client: int | None = None
+    max_connections_per_client: int = 256  # the public listener's cap; [server]'s is the mutual-TLS one's
+
+    @property
+    def caps(self) -> Caps:
+        return Caps.derived(self.max_concurrent, self.max_concurrent_per_tenant, self.max_concurrent_per_client)
 
     def tenant_of_key(self, presented: bytes) -> str | None:
         """The tenant whose API key is ``presented`` (constant time per key)."""
@@ -114,12 +127,19 @@ class FrontendSettings:
             stall_ms=_int(r, "stall_ms", 1000),
             request_timeout_ms=_int(r, "request_timeout_ms", 300_000),
             stranded_retry_ms=_int(r, "stranded_retry_ms", 5000),
+            max_concurrent_per_tenant=_optional_int(r, "max_concurrent_per_tenant"),
+            max_concurrent_per_client=_optional_int(r, "max_concurrent_per_client"),
+            max_connections_per_client=_int(r, "max_connections_per_client", 256),
         )
 
 
 def _int(r: ObjectReader, name: str, default: int) -> int:
-    value = r.optional(name, lambda n: r.int(n, minimum=1, maximum=MAX_SAFE_INT))
+    value = _optional_int(r, name)
     return default if value is None else value
+
+
+def _optional_int(r: ObjectReader, name: str) -> int | None:
+    return r.optional(name, lambda n: r.int(n, minimum=1, maximum=MAX_SAFE_INT))
 
 
 def _listen(r: ObjectReader) -> tuple[str, int]:

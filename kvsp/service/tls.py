@@ -10,6 +10,8 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
+from cryptography import x509
+
 from kvsp.errors import KvspError
 
 
@@ -54,6 +56,28 @@ def client_context(files: TlsFiles) -> ssl.SSLContext:
     ctx = _base_context(ssl.PROTOCOL_TLS_CLIENT, files)
     ctx.check_hostname = True
     return ctx
+
+
+def check_identity(files: TlsFiles, base_uri: str) -> None:
+    """Refuse to serve as ``base_uri`` with a certificate that does not assert it.
+
+    Peers authorize a role by the URI SAN of its certificate, while the role names itself (records,
+    directives, the PC's registry) by its base URI: when the two differ, every check against the
+    role fails at a distance, so the mismatch is an error at startup."""
+    files.check()
+    try:
+        cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
+    except (ValueError, OSError) as exc:
+        raise TlsConfigError(f"tls.cert: {files.cert} is not a PEM certificate ({exc})") from exc
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = san.get_values_for_type(x509.UniformResourceIdentifier)
+    except x509.ExtensionNotFound:
+        uris = []
+    if base_uri not in uris:
+        raise TlsConfigError(f"server.base_uri: {base_uri} is not a URI SubjectAltName of tls.cert {files.cert} "
+                             f"(it asserts {uris}); peers know this role by its certificate's URI, so the "
+                             "two must be the same")
 
 
 def identities_of(peercert: object) -> tuple[str, ...]:
