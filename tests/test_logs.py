@@ -16,6 +16,7 @@ from kvsp.errors import ValidationError
 from kvsp.service.logs import (
     FORMAT_ENV,
     PEER_KEY,
+    FailureStreak,
     JsonFormatter,
     RateLimiter,
     RateLimitFilter,
@@ -33,6 +34,28 @@ def record(msg: str = "bad request %s", *args: object, key: str | None = "http.4
     if key is not None:
         setattr(rec, PEER_KEY, key)
     return rec
+
+
+# -- a background loop's failures -------------------------------------------------------------------
+def test_a_failing_loop_logs_its_traceback_once_then_a_count_then_its_recovery(
+        caplog: pytest.LogCaptureFixture) -> None:
+    streak = FailureStreak(logging.getLogger("kvsp.test"), "maintenance", interval_s=60.0)
+    caplog.set_level(logging.INFO, "kvsp.test")
+    for now in range(0, 130, 5):  # 26 rounds, one cause
+        streak.failed(OSError("disk full"), float(now))
+    lines = [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    assert lines == [("ERROR", "maintenance failed", True),
+                     ("ERROR", "maintenance still failing (13 rounds in a row): OSError: disk full", False),
+                     ("ERROR", "maintenance still failing (25 rounds in a row): OSError: disk full", False)]
+    caplog.clear()
+    streak.failed(ValueError("another cause"), 131.0)  # a new kind shows its traceback at once
+    streak.succeeded(132.0)
+    streak.succeeded(133.0)
+    assert [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records] == [
+        ("ERROR", "maintenance failed", True), ("WARNING", "maintenance recovered after 27 failed rounds", False)]
+    caplog.clear()
+    streak.failed(OSError("disk full"), 134.0)  # after a recovery the old cause is new again
+    assert [r.exc_info is not None for r in caplog.records] == [True]
 
 
 # -- the limiter ------------------------------------------------------------------------------------

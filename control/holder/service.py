@@ -59,6 +59,7 @@ from kvsp.errors import ContainerError, KvspError
 from kvsp.problems import ProblemError, ProblemType
 from kvsp.records import LeaseRenewal, LeaseRequest, ReplicaRecord, Residency
 from kvsp.registry import Tier
+from kvsp.service.logs import FailureStreak
 from kvsp.service.policy import Quotas
 
 log = logging.getLogger("kvsp.holder")
@@ -402,11 +403,14 @@ class Holder:
 
     async def run(self) -> None:
         """The maintenance loop; cancelled at shutdown."""
+        streak = FailureStreak(log, "holder maintenance")
         while True:
             try:
                 await self.maintain()
-            except Exception:  # a bad round must not end maintenance for the process lifetime
-                log.exception("holder maintenance failed")
+            except Exception as exc:  # a bad round must not end maintenance for the process lifetime
+                streak.failed(exc, self.clock())
+            else:
+                streak.succeeded(self.clock())
             delay = self.publisher.schedule.delay(self.clock())
             timeout = MAINTENANCE_PERIOD_S if delay is None else min(max(delay, 0.01), MAINTENANCE_PERIOD_S)
             with contextlib.suppress(TimeoutError):

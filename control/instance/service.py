@@ -30,6 +30,7 @@ from kvsp.errors import ValidationError
 from kvsp.keys import ScopeKey
 from kvsp.problems import Problem, ProblemError, ProblemType
 from kvsp.records import InstanceStatus
+from kvsp.service.logs import FailureStreak
 
 log = logging.getLogger("kvsp.instance")
 
@@ -207,13 +208,16 @@ class Instance:
     async def status_loop(self) -> None:
         """Status at most every ttl/3 (section 6.3), at once after a state change; runs until cancelled."""
         interval = self.settings.limits.status_ttl_ms / 3000
+        streak = FailureStreak(log, "status round")
         while True:
             self._report.clear()
             started = asyncio.get_running_loop().time()
             try:
                 await self.report_once()
-            except Exception:  # the loop must outlive any one bad round
-                log.exception("status round failed")
+            except Exception as exc:  # the loop must outlive any one bad round
+                streak.failed(exc, started)
+            else:
+                streak.succeeded(started)
             self._prune()
             left = interval - (asyncio.get_running_loop().time() - started)
             if left > 0:

@@ -49,6 +49,7 @@ from control.pc.tasks import Background, KeyedOrder
 from kvsp.client.index import IndexClient
 from kvsp.problems import Problem, ProblemError
 from kvsp.registry import InstanceState
+from kvsp.service.logs import FailureStreak
 from kvsp.service.policy import Policy
 
 log = logging.getLogger("kvsp.pc")
@@ -178,13 +179,16 @@ class LeadingController(abc.ABC):
 
     async def run_lease(self) -> None:
         """Acquire, renew and sync for the life of the process; cancelled at shutdown."""
+        streak = FailureStreak(log, "PC lease round")
         while True:
             try:
                 await self._lease_round()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # one bad round must not end the election for the process lifetime
-                log.exception("PC lease round failed")
+            except Exception as exc:  # one bad round must not end the election for the process lifetime
+                streak.failed(exc, self.lease_clock())
+            else:
+                streak.succeeded(self.lease_clock())
             await asyncio.sleep(self.leadership.next_wait(self.lease_clock()))
 
     async def _lease_round(self) -> None:

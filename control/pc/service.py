@@ -64,6 +64,7 @@ from kvsp.records import (
 from kvsp.records.base import MAX_URIS
 from kvsp.records.generation import GenerateRequest, ResumeRequest, SessionInfo, SessionState, StartSession
 from kvsp.registry import InstanceState
+from kvsp.service.logs import FailureStreak
 
 log = logging.getLogger("kvsp.pc")
 
@@ -560,13 +561,16 @@ class PlacementController(LeadingController):
 
     async def run(self) -> None:
         """The maintenance loop; cancelled at shutdown."""
+        streak = FailureStreak(log, "PC maintenance")
         while True:
             now = self.clock()
             try:
                 await self.maintain(now)
             except NotLeader as exc:
                 log.info("maintenance stopped: %s", exc)
-            except Exception:  # one bad round must not end maintenance for the process lifetime
-                log.exception("PC maintenance failed")
+            except Exception as exc:  # one bad round must not end maintenance for the process lifetime
+                streak.failed(exc, now)
+            else:
+                streak.succeeded(now)
             await asyncio.sleep(self._delay(now))
 

@@ -15,7 +15,9 @@ Records come in two kinds (docs/operations.md, "Logs"):
   attribute by name (``extra={"kvsp_peer": KEY}``).  `RateLimitFilter` lets at most ``burst`` lines of
   one key through per ``interval_s`` (`RateLimiter`); the first line of the key after that says how
   many were suppressed.  Lines suppressed last, with no line of their key after them, are not reported.
-* **everything else is our own fault**: ERROR with the traceback, never rate-limited.
+* **everything else is our own fault**: ERROR with the traceback, never rate-limited.  A background
+  loop that fails round after round for one cause (`FailureStreak`) logs the traceback once, then one
+  line per ``interval_s`` with the count, and one line when it recovers.
 
 The limiter is sans-I/O: it is handed ``now`` (the record's creation time), so it is tested without a
 clock.  Text written by a peer goes through `one_line` before it reaches a message, so a peer cannot
@@ -168,3 +170,37 @@ def configure(fmt: str = "text", *, level: int = logging.INFO, stream: TextIO | 
     for name, quiet in QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(quiet)
     return handler
+
+
+class FailureStreak:
+    """The failures of one background loop (maintenance, lease rounds, status reports), logged so that a
+    persistent cause shows once with its traceback instead of once per round.
+
+    A failure of a new kind (exception type and message) logs ERROR with the traceback; the same kind
+    again logs one ERROR line "still failing" with the count, at most once per ``interval_s``; the first
+    round that succeeds after failures logs one WARNING line.  Sans-I/O: pass ``now``.
+    """
+
+    __slots__ = ("_kind", "_last_line", "count", "interval_s", "logger", "what")
+
+    def __init__(self, logger: logging.Logger, what: str, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+        self.logger, self.what, self.interval_s = logger, what, interval_s
+        self.count = 0  # failures in a row
+        self._kind: tuple[type[BaseException], str] | None = None
+        self._last_line = 0.0
+
+    def failed(self, exc: BaseException, now: float) -> None:
+        kind = (type(exc), str(exc))
+        self.count += 1
+        if kind != self._kind:
+            self._kind, self._last_line = kind, now
+            self.logger.error("%s failed", self.what, exc_info=exc)
+        elif now - self._last_line >= self.interval_s:
+            self._last_line = now
+            self.logger.error("%s still failing (%d rounds in a row): %s: %s", self.what, self.count,
+                              type(exc).__name__, one_line(exc))
+
+    def succeeded(self, now: float) -> None:
+        if self.count:
+            self.logger.warning("%s recovered after %d failed rounds", self.what, self.count)
+        self.count, self._kind = 0, None
