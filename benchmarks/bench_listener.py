@@ -26,7 +26,6 @@ Run: ``python -m benchmarks.bench_listener [--quick] [--tree DIR] [--compare DIR
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -44,6 +43,7 @@ import aiohttp
 
 from benchmarks.bench_index import _cpu_s
 from benchmarks.timing import Op, add_check, case
+from benchmarks.trees import ROOT, print_run, tree_parser
 from control.deploy import configs
 from control.deploy.frontend_double import held_streams
 from control.deploy.pki import DevPki
@@ -51,7 +51,6 @@ from control.deploy.ports import free_port
 from control.deploy.processes import stop_all, wait_listening
 from control.up.layout import bytes_model_descriptor
 
-ROOT = Path(__file__).resolve().parent.parent
 LIMITS = configs.ServerLimits(handshake_timeout_ms=2000, header_timeout_ms=2000, body_timeout_ms=2000,
                               body_min_octets_per_s=1024, idle_timeout_ms=5000, send_timeout_ms=5000,
                               max_connections_per_client=64)
@@ -357,15 +356,7 @@ def run(quick: bool = False, *, tree: Path = ROOT, compare: Path | None = None) 
 
 
 def _main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose kvsp serve to measure")
-    parser.add_argument("--compare", type=Path, help="also measure this checkout (the baseline), in the same run")
-    args = parser.parse_args()
-    started = time.monotonic()
-    out = run(args.quick, tree=args.tree, compare=args.compare)
-    out["elapsed_s"] = round(time.monotonic() - started, 1)
-    print(json.dumps(out, indent=2))
+    print_run(run, tree_parser(__doc__).parse_args())
 
 
 if __name__ == "__main__":

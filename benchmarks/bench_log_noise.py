@@ -22,7 +22,6 @@ another checkout (e.g. the tree before a change), ``--compare`` measures this on
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -33,7 +32,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -41,6 +39,7 @@ from pathlib import Path
 from aioquic.quic import events as qe
 
 from benchmarks.timing import add_check, case
+from benchmarks.trees import ROOT, print_run, tree_parser
 from control.deploy import configs
 from control.deploy.pki import DevPki
 from control.deploy.ports import free_udp_port
@@ -53,7 +52,6 @@ from moqt.params import SetupParameters
 from moqt.profiles import DRAFT_14
 from moqt.quic import EndpointConfig, MoqtConnection, QuicSettings, connect
 
-ROOT = Path(__file__).resolve().parent.parent
 SCOPE = bytes(range(16))
 # 8 layers of 16 tokens x 8 heads x 128 dims in bf16: 32 KiB per K or V section, 512 KiB per block
 DESCRIPTOR = CompatDescriptor(model="noise", model_digest=bytes(32), tokenizer_digest=bytes(32), layers=8,
@@ -312,21 +310,15 @@ def run(quick: bool = False, *, tree: Path = ROOT, compare: Path | None = None) 
 
 
 def _main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose kvsp serve to measure")
-    parser.add_argument("--compare", type=Path, help="also measure this checkout (the baseline), in the same run")
+    parser = tree_parser(__doc__)
     parser.add_argument("--tail", action="store_true", help="print the tail of each holder's log too")
     args = parser.parse_args()
-    started = time.monotonic()
     if args.tail:
         per_case = 20 if args.quick else 200
         for tree in (args.tree, *([args.compare] if args.compare else [])):
             print(json.dumps(asyncio.run(measure(tree, per_case)), indent=2))
         return
-    out = run(args.quick, tree=args.tree, compare=args.compare)
-    out["elapsed_s"] = round(time.monotonic() - started, 1)
-    print(json.dumps(out, indent=2))
+    print_run(run, args)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ On shutdown the relay drains: GOAWAY to every peer, ``drain_s`` for them to leav
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -54,12 +54,16 @@ GAUGES = {
 
 
 class RelayCollector(Collector):
-    """Exports `RelayStats` at scrape time (no second set of counters to keep in step)."""
+    """Exports `RelayStats` at scrape time (no second set of counters to keep in step), and the QUIC
+    connections the listener refused for its per-address cap."""
 
-    def __init__(self, stats: RelayStats) -> None:
+    def __init__(self, stats: RelayStats, refused: Callable[[], int] = lambda: 0) -> None:
         self.stats = stats
+        self.refused = refused
 
     def collect(self) -> Iterable[Metric]:
+        yield CounterMetricFamily("kvsp_relay_connections_refused", "QUIC connections refused: over "
+                                  "max_connections_per_client from one address", value=self.refused())
         values = self.stats.to_json()
         for name, doc in COUNTERS.items():
             yield CounterMetricFamily(f"kvsp_relay_{name}", doc, value=values[name])
@@ -82,6 +86,10 @@ class RelayRole:
                                                                 open_prefixes=opened),
                            token_rule=_token_rule(opened))
         self.links = [UpstreamLink(self.relay, uri, self.endpoint_config) for uri in settings.upstream]
+
+    def refused_connections(self) -> int:
+        server = self.relay.server
+        return 0 if server is None else server.refused
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         port = await self.relay.listen(self.settings.host, self.settings.port, self.endpoint_config)
@@ -115,6 +123,7 @@ async def stats_handler(request: web.Request) -> web.Response:
     body["namespaces"] = len(role.relay.table.under(()))
     body["upstreams"] = sum(1 for link in role.links if link.usable)
     body["cache_octets"] = role.relay.cache.octets
+    body["connections_refused"] = role.refused_connections()
     return web.json_response(body)
 
 
@@ -130,7 +139,7 @@ def setup(app: web.Application, config: RoleConfig) -> None:
     """Relay MOQT per ``[relay]``; stats at ``{base}relay/stats`` and in ``{base}metrics``."""
     role = RelayRole(config, RelaySettings.from_config(config))
     app[RELAY] = role
-    metrics_of(app).registry.register(RelayCollector(role.relay.stats))
+    metrics_of(app).registry.register(RelayCollector(role.relay.stats, role.refused_connections))
     app.router.add_get(config.server.base_path + "relay/stats", stats_handler)
     app[HEALTH]["relay"] = _health
     app.cleanup_ctx.append(role.lifecycle)

@@ -14,6 +14,9 @@ publisher), never back where it came from:
   queues (``relay.fanout``): a slow subscriber is ended with TOO_FAR_BEHIND, nobody else waits.
 * **Lifecycle**: a publisher's session that ends takes its namespaces with it (withdrawn upstream too)
   and its subscriptions end with PUBLISH_DONE; `drain` sends GOAWAY and closes after a grace period.
+  A publisher that vanished ends within ``liveness_timeout_s`` of the first request forwarded to it
+  (moqt/quic/liveness.py), which is then answered with an error; an upstream FETCH that stalls after
+  its first object (``upstream_stall_s``) resets the subscriber's stream.
 
 Payloads are never copied, decoded or re-encoded: the views received are the views sent.
 """
@@ -241,7 +244,8 @@ class Relay(Publisher):
         tracker = cut.upstream = RequestTracker(RequestKind.FETCH)
         inbox = upstream.open_inbox(request_id, tracker, ForwardingAssembler(cut))
         flush(upstream.link)  # the request leaves now, not one event-loop turn later (first-object latency)
-        return ObjectStream(upstream, request_id, inbox, self.relay_settings.upstream_timeout_s)
+        settings = self.relay_settings
+        return ObjectStream(upstream, request_id, inbox, settings.upstream_timeout_s, settings.upstream_stall_s)
 
     async def _relay_subscribe(self, endpoint: Endpoint, message: Subscribe) -> None:
         session, request_id = endpoint.session, message.request_id

@@ -11,8 +11,13 @@
     subscriber_buffer_octets = 8388608          # per subscriber; beyond it: PUBLISH_DONE TOO_FAR_BEHIND
     token_keys = ["issuer.pub.pem"]             # keys that sign AUTHORIZATION_TOKENs (ES256)
     drain_s = 5.0                               # GOAWAY, then this long before sessions are closed
-    upstream_timeout_s = 30.0                   # per object of an upstream FETCH
-    idle_timeout_s = 30.0                       # QUIC idle timeout (a killed peer is noticed after it)
+    upstream_timeout_s = 30.0                   # per object of an upstream FETCH, until its first arrives
+    upstream_stall_s = 0.5                      # an upstream FETCH with no progress this long after its first
+                                                #   object is given up (the subscriber's stream is reset)
+    idle_timeout_s = 5.0                        # QUIC idle timeout; sessions kept by clients' keepalive PINGs
+    liveness_timeout_s = 2.0                    # a peer that owes an ACK this long is gone: its session closes,
+                                                #   requests forwarded to it are answered with an error
+    max_connections_per_client = 256              # concurrent QUIC connections from one IP address
     max_datagram_size = 1452                    # UDP payload to non-loopback peers (8952: jumbo frames)
 """
 
@@ -35,8 +40,8 @@ from moqt.wire import Namespace
 
 KNOWN_KEYS: Final = frozenset({
     "listen", "uri", "upstream", "peers", "open_prefixes", "cache_octets", "cache_ttl_s",
-    "subscriber_buffer_octets", "token_keys", "drain_s", "upstream_timeout_s", "idle_timeout_s",
-    "max_datagram_size",
+    "subscriber_buffer_octets", "token_keys", "drain_s", "upstream_timeout_s", "upstream_stall_s", "idle_timeout_s",
+    "liveness_timeout_s", "max_connections_per_client", "max_datagram_size",
 })
 DEFAULT_CACHE_OCTETS: Final = 256 << 20
 DEFAULT_CACHE_TTL_S: Final = 60.0
@@ -64,13 +69,18 @@ class RelaySettings:
     token_keys: tuple[Path, ...] = ()
     drain_s: float = 5.0
     upstream_timeout_s: float = 30.0
-    idle_timeout_s: float = 30.0  # QUIC idle timeout: how soon a silent (killed) publisher is noticed
+    upstream_stall_s: float = 0.5  # an upstream FETCH whose objects started and then stopped arriving
+    idle_timeout_s: float = RELAY_QUIC.idle_timeout_s  # silent sessions (live ones are kept by keepalive)
+    liveness_timeout_s: float = 2.0  # how soon a vanished peer with requests in flight is noticed
+    max_connections_per_client: int = 256
     max_datagram_size: int = RELAY_QUIC.max_datagram_size  # to non-loopback peers (loopback: 64 KiB)
 
     @property
     def quic(self) -> QuicSettings:
-        """`RELAY_QUIC` with this relay's idle timeout and datagram size."""
+        """`RELAY_QUIC` with this relay's timeouts, connection cap and datagram size."""
         return dataclasses.replace(RELAY_QUIC, idle_timeout_s=self.idle_timeout_s,
+                                   liveness_timeout_s=self.liveness_timeout_s,
+                                   max_connections_per_client=self.max_connections_per_client,
                                    max_datagram_size=self.max_datagram_size)
 
     @property
@@ -98,7 +108,10 @@ class RelaySettings:
             token_keys=tuple(config.path(_text(m, v)) for m, v in _items(r, "token_keys")),
             drain_s=_seconds(r, "drain_s", 5.0),
             upstream_timeout_s=_seconds(r, "upstream_timeout_s", 30.0),
-            idle_timeout_s=_seconds(r, "idle_timeout_s", 30.0),
+            upstream_stall_s=_seconds(r, "upstream_stall_s", 0.5),
+            idle_timeout_s=_seconds(r, "idle_timeout_s", RELAY_QUIC.idle_timeout_s),
+            liveness_timeout_s=_seconds(r, "liveness_timeout_s", 2.0),
+            max_connections_per_client=_int(r, "max_connections_per_client", 256, minimum=1),
             max_datagram_size=_datagram_size(r),
         )
 

@@ -76,6 +76,7 @@ def full_sections() -> list[Section]:
                       encryption_key_file="storage.key", verify_stored=False, withdraw_timeout_ms=500,
                       moqt_listen="127.0.0.1:4433", moqt_uri=moqt, moqt_token_keys=["issuer.pub.pem"],
                       moqt_relay="moqt://127.0.0.1:4443/relay", moqt_max_datagram_size=1400, torch_tiers=False,
+                      moqt_max_connections_per_client=8,
                       device_capacity_octets=0, device="cpu", fast_layers=1),
         PcSection(index=PC, scope_keys={SCOPE.hex(): "scope.key"}, descriptors=["model.json"], min_active=2,
                   status_check_interval_ms=100, mean_service_ms=1.5, call_timeout_ms=2000, resume_timeout_ms=20_000,
@@ -97,12 +98,14 @@ def full_sections() -> list[Section]:
                      upstream=["moqt://127.0.0.1:4444/spine"], peers=[H1], open_prefixes=["interop"],
                      cache_octets=1 << 20, cache_ttl_s=30.0, subscriber_buffer_octets=1 << 16,
                      token_keys=["issuer.pub.pem"], drain_s=1.0, upstream_timeout_s=10.0, idle_timeout_s=5.0,
+                     upstream_stall_s=0.25, liveness_timeout_s=1.5, max_connections_per_client=8,
                      max_datagram_size=1400),
         FrontendSection(pc=PC, listen="127.0.0.1:8000", public_tls=PublicTls("fe-public.pem", "fe-public.key"),
                         model="kvsp-test", descriptor="model.json", tokenizer="bytes", tenants={"acme": SCOPE.hex()},
                         api_keys={"acme": "acme.apikey"}, anonymous_tenant="acme", max_prompt_tokens=100,
                         max_tokens_limit=50, max_concurrent=3, body_limit_octets=4096, stall_ms=200,
-                        request_timeout_ms=9000, stranded_retry_ms=700),
+                        request_timeout_ms=9000, stranded_retry_ms=700, max_concurrent_per_tenant=2,
+                        max_concurrent_per_client=1, max_connections_per_client=32),
     ]
 
 

@@ -23,7 +23,7 @@ OTHER_CORES = ("relay.core", "kvsp.moqt_binding", "kvsp.container", "kvsp.contai
                "kvsp.descriptor", "kvsp.keys", "kvsp.placement", "kvsp.identifiers", "kvsp.problems", "kvsp.numbers",
                "kvsp.output", "kvsp.reader", "control.pc.core", "control.instance.core", "control.holder.store",
                "control.holder.leases", "control.index.store", "control.index.status", "control.listener.core",
-               "control.frontend.admission")
+               "control.frontend.admission", "control.holder.quota", "kvsp.service.logs")
 
 
 def _loaded(module: str) -> list[str]:

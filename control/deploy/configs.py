@@ -95,6 +95,7 @@ class HolderSection:
     moqt_token_keys: Sequence[str] | None = None
     moqt_relay: str | None = None
     moqt_max_datagram_size: int | None = None
+    moqt_max_connections_per_client: int | None = None
     torch_tiers: bool | None = None
     device_capacity_octets: int | None = None
     device: str | None = None
@@ -196,7 +197,10 @@ class RelaySection:
     token_keys: Sequence[str] | None = None
     drain_s: float | None = None
     upstream_timeout_s: float | None = None
+    upstream_stall_s: float | None = None
     idle_timeout_s: float | None = None
+    liveness_timeout_s: float | None = None
+    max_connections_per_client: int | None = None
     max_datagram_size: int | None = None
 
 
@@ -227,6 +231,9 @@ class FrontendSection:
     stall_ms: int | None = None
     request_timeout_ms: int | None = None
     stranded_retry_ms: int | None = None
+    max_concurrent_per_tenant: int | None = None
+    max_concurrent_per_client: int | None = None
+    max_connections_per_client: int | None = None  # the public listener's
 
 
 Section = IndexSection | HolderSection | PcSection | InstanceSection | RelaySection | FrontendSection
@@ -235,6 +242,19 @@ SECTIONS: tuple[type[Section], ...] = (IndexSection, HolderSection, PcSection, I
 
 
 # -- the role file ----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """The listener keys of ``[server]`` (kvsp/service/config.py `ListenerLimits`)."""
+
+    handshake_timeout_ms: int | None = None
+    header_timeout_ms: int | None = None
+    body_timeout_ms: int | None = None
+    body_min_octets_per_s: int | None = None
+    idle_timeout_ms: int | None = None
+    send_timeout_ms: int | None = None
+    max_connections_per_client: int | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Tls:
     cert: str
@@ -258,6 +278,7 @@ class RoleFile:
     policy: str | None = None  # the policy file, relative to the configuration's folder
     listen: str | None = None  # [server] listen; default: the base URI's host and port
     sections: Sequence[Section] = ()
+    limits: ServerLimits | None = None  # the [server] listener keys
 
     def render(self) -> str:
         head = f"roles = {toml_value(list(self.roles))}\n"
@@ -266,6 +287,8 @@ class RoleFile:
         server: dict[str, TomlValue] = {"base_uri": self.base_uri}
         if self.listen is not None:
             server["listen"] = self.listen
+        if self.limits is not None:
+            server.update(_members(self.limits))
         out = head + toml_table("server", server)
         if self.tls is not None:
             out += toml_table("tls", _members(self.tls))

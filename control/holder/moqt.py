@@ -118,6 +118,8 @@ class HolderMoqt:
     it may store, and its MOQT records name the relay's URI: readers reach the block through the relay
     chain (D4), which fetches it from this holder once and serves it from its cache afterwards. FETCH
     and SUBSCRIBE arriving from the connected relay are allowed (it authorized its subscribers itself).
+    The holder is that session's QUIC client, so it PINGs it when idle (``QuicSettings.keepalive``):
+    the session outlives any idle period, and a vanished relay is noticed within seconds.
     """
 
     def __init__(self, holder: Holder, config: RoleConfig, settings: MoqtSettings) -> None:
@@ -168,7 +170,8 @@ class HolderMoqt:
         if tls is None:
             raise ValueError("the holder's MOQT listener needs [tls] (mutual authentication, D3)")
         keys = tuple(load_token_key(path) for path in self.settings.token_keys)
-        quic = QuicSettings(max_datagram_size=self.settings.max_datagram_size)
+        quic = QuicSettings(max_datagram_size=self.settings.max_datagram_size,
+                            max_connections_per_client=self.settings.max_connections_per_client)
         return EndpointConfig.from_files(tls.cert, tls.key, tls.ca, quic, token_keys=keys)
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:

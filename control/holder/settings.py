@@ -17,6 +17,7 @@
     moqt_token_keys = ["issuer.pub.pem"]     # optional: keys that sign AUTHORIZATION_TOKENs (ES256)
     moqt_relay = "moqt://127.0.0.1:4443/relay"  # optional: publish through the rack relay (records name it)
     moqt_max_datagram_size = 1452            # optional: UDP payload to non-loopback MOQT peers (8952: jumbo)
+    moqt_max_connections_per_client = 256      # optional: concurrent MOQT (QUIC) connections from one IP address
     torch_tiers = false                      # host tier as torch uint8 tensors (pinned with CUDA)
     device_capacity_octets = 0               # device tier (CUDA memory); absent without CUDA
     device = "cuda"                          # the torch device of the device tier
@@ -52,10 +53,12 @@ DEFAULT_STORAGE_CAPACITY: Final = 16 << 30
 DEFAULT_WITHDRAW_TIMEOUT_MS: Final = 2_000
 DEFAULT_KEY_FILE: Final = "holder-storage.key"
 DEFAULT_MOQT_DATAGRAM_SIZE: Final = QuicSettings().max_datagram_size
+DEFAULT_MOQT_CONNECTIONS_PER_CLIENT: Final = QuicSettings().max_connections_per_client or 256
 KNOWN_KEYS: Final = frozenset({
     "index", "descriptors", "replica_ttl_ms", "retention_ms", "host_capacity_octets", "storage_dir",
     "storage_capacity_octets", "encryption_key_file", "verify_stored", "withdraw_timeout_ms",
     "moqt_listen", "moqt_uri", "moqt_token_keys", "moqt_relay", "moqt_max_datagram_size",
+    "moqt_max_connections_per_client",
     "torch_tiers", "device_capacity_octets", "device", "fast_layers",
 })
 
@@ -125,13 +128,14 @@ class MoqtSettings:
     token_keys: tuple[Path, ...] = ()
     relay: str | None = None  # moqt_relay: publish through this (rack) relay; records then name it
     max_datagram_size: int = DEFAULT_MOQT_DATAGRAM_SIZE  # to non-loopback peers (loopback: 64 KiB)
+    max_connections_per_client: int = DEFAULT_MOQT_CONNECTIONS_PER_CLIENT  # concurrent QUIC connections per IP
 
 
 def _moqt(r: ObjectReader, config: RoleConfig) -> MoqtSettings | None:
     listen = r.optional("moqt_listen", lambda n: r.str(n, max_length=300))
     uri = r.optional("moqt_uri", lambda n: r.str(n, max_length=2048))
     if listen is None and uri is None:
-        for name in ("moqt_token_keys", "moqt_max_datagram_size"):
+        for name in ("moqt_token_keys", "moqt_max_datagram_size", "moqt_max_connections_per_client"):
             if r.has(name):
                 raise ValidationError(f"holder.{name}", "needs moqt_listen and moqt_uri")
         return None
@@ -159,8 +163,9 @@ def _moqt(r: ObjectReader, config: RoleConfig) -> MoqtSettings | None:
             raise ValidationError("holder.moqt_relay", str(exc)) from exc
     datagram = r.optional("moqt_max_datagram_size",
                           lambda n: r.int(n, minimum=SMALLEST_MAX_DATAGRAM_SIZE, maximum=MAX_DATAGRAM_SIZE))
+    cap = _int(r, "moqt_max_connections_per_client", DEFAULT_MOQT_CONNECTIONS_PER_CLIENT, minimum=1)
     return MoqtSettings(host.strip("[]") or "127.0.0.1", port_number, uri, tuple(keys), relay,
-                        DEFAULT_MOQT_DATAGRAM_SIZE if datagram is None else datagram)
+                        DEFAULT_MOQT_DATAGRAM_SIZE if datagram is None else datagram, cap)
 
 
 def _int(r: ObjectReader, name: str, default: int, *, minimum: int) -> int:

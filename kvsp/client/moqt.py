@@ -78,10 +78,15 @@ of them cut the CPU per block by 10-20 % on both ends (docs/moqt-performance.md)
 
 @dataclass(frozen=True, slots=True)
 class MoqtClientOptions:
-    """``object_timeout_s`` bounds the wait for each object (a stalled publisher fails fast)."""
+    """``object_timeout_s`` bounds the wait for FETCH_OK and each object; ``stall_timeout_s`` (None:
+    off) bounds a FETCH whose layers have started to arrive: no octet for that long (a relay or holder
+    killed mid-block) gives it up as a `TransportError`, and `kvsp.client.fetch` falls back to the next
+    replica at once instead of after the object timeout. Blocks being produced (`subscribe_block`)
+    have no stall bound: the producer computes between layers."""
 
     connect_timeout_s: float = 5.0
     object_timeout_s: float = 10.0
+    stall_timeout_s: float | None = 0.5
     max_block_size: int = DEFAULT_MAX_SIZE
 
 
@@ -239,7 +244,7 @@ class MoqtBlockClient:
         start, end = layer_window(wanted)
         with _mapped(record.holder):
             objects = subscriber.fetch(namespace.fields(), track_name(record.codec), start, end,
-                                       allocate=assembly.allocate)
+                                       allocate=assembly.allocate, stall_timeout_s=self.options.stall_timeout_s)
         async with objects:  # the block buffer is allocated (not zeroed) when the first object arrives
             yield MoqtBlockStream(record.holder, objects, assembly)
 

@@ -6,7 +6,7 @@
 * `Subscriber`: ``fetch`` and ``subscribe`` as async iterators of `MoqtObject` (payloads are views).
 * Errors carry their MOQT code: `FetchRefused`, `SubscribeRefused`, `NamespaceRefused`,
   `SubscriptionEnded`, `TransferError` (and its `StreamResetError`, `SessionLostError`,
-  `MalformedTrackError`, `ReceiveBufferFull`), `SetupRefused`.
+  `MalformedTrackError`, `ReceiveBufferFull`, `TransferStalled`), `SetupRefused`.
 * ``moqt.api.memory.MemoryNet`` runs both over an in-memory pair for tests.
 * `UpstreamLink`: a session to a relay kept up with backoff (relays' upstreams, holders' rack relay).
 
@@ -17,7 +17,7 @@ re-exported here for callers of the asyncio API; sans-I/O code imports them from
 from moqt.api.endpoint import ControlServing, Endpoint, Link
 from moqt.api.live import LiveTrack
 from moqt.api.publisher import Publisher, PublisherSettings
-from moqt.api.subscriber import ObjectStream, Subscriber, subscriber_session
+from moqt.api.subscriber import ObjectStream, Subscriber, TransferStalled, subscriber_session
 from moqt.api.upstream import UpstreamLink, backoff_delay
 from moqt.tracks import (
     Action,
@@ -75,6 +75,7 @@ __all__ = [
     "TokenRule",
     "TrackSource",
     "TransferError",
+    "TransferStalled",
     "UpstreamLink",
     "allow_authenticated",
     "backoff_delay",

@@ -124,7 +124,13 @@ class Inbox:
         self.max_octets = max_octets
         self.queue: deque[MoqtObject] = deque()
         self.buffered = 0
+        self.progress_at: float | None = None  # when a piece of an object last arrived (a stall bound's clock)
+        self._loop = asyncio.get_running_loop()
         self._waiter: asyncio.Future[None] | None = None
+
+    def touch(self) -> None:
+        """A piece of an object arrived: the transfer is making progress."""
+        self.progress_at = self._loop.time()
 
     def push(self, obj: MoqtObject) -> bool:
         """Queue an object; False (and the request failed) when the consumer is too far behind."""
@@ -228,7 +234,12 @@ class Endpoint:
         if self._jobs.get(request_id) is task:
             del self._jobs[request_id]
         if not task.cancelled() and (error := task.exception()) is not None:
-            log.error("serving request %d failed", request_id, exc_info=error)
+            if isinstance(error, ConnectionError) or (isinstance(error, LocalError) and not self.usable):
+                # the peer went away, or ended the session under the job: no bug of ours
+                log.info("serving request %d ended early: %s", request_id, error,
+                         extra={"kvsp_peer": "moqt.request-ended"})  # one line (kvsp/service/logs.py)
+            else:
+                log.error("serving request %d failed", request_id, exc_info=error)
 
     # -- events in -------------------------------------------------------------------------------
     def handle(self, event: MoqtEvent) -> None:
@@ -271,6 +282,7 @@ class Endpoint:
         inbox = self._inboxes.get(event.request_id)
         if inbox is None or inbox.tracker.over:
             return
+        inbox.touch()
         try:
             obj = inbox.assembler.chunk(event)
         except MoqtApiError as exc:
@@ -283,6 +295,7 @@ class Endpoint:
     def _on_object(self, event: ObjectReceived) -> None:
         inbox = self._inboxes.get(event.request_id)
         if inbox is not None and not inbox.tracker.over:
+            inbox.touch()
             if event.stream_id is not None:
                 inbox.assembler.group_of[event.stream_id] = event.group_id
             inbox.push(MoqtObject(event.group_id, event.object_id, event.payload, event.extensions,

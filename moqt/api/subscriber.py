@@ -13,9 +13,12 @@ Objects are yielded as soon as their last octet arrives. Payloads are views: of 
 when an object came in one piece, else of the one buffer it was assembled into -- the caller's, when
 an ``allocate`` callback says where (a slot of a block buffer), so that no second copy is ever made.
 What the consumer has not taken yet is bounded (``max_inbox_octets``); beyond it the request is
-cancelled with `ReceiveBufferFull`. Errors are the typed ones of ``moqt.tracks.errors``; a request that
-is abandoned (``break``, an exception, a timeout) is cancelled at the publisher (FETCH_CANCEL /
-UNSUBSCRIBE).
+cancelled with `ReceiveBufferFull`. ``stall_timeout_s`` bounds a transfer that has started: once a
+piece of an object has arrived, waiting that long with no further piece (while the consumer waits)
+ends the request with `TransferStalled` -- a publisher or relay that died mid-FETCH is given up in a
+fraction of a second instead of the per-object ``timeout_s``, and the caller can fall back.
+Errors are the typed ones of ``moqt.tracks.errors``; a request that is abandoned (``break``, an
+exception, a timeout) is cancelled at the publisher (FETCH_CANCEL / UNSUBSCRIBE).
 """
 
 from __future__ import annotations
@@ -34,25 +37,37 @@ from moqt.messages import ControlMessage
 from moqt.params import AuthToken, SetupParameters
 from moqt.quic import EndpointConfig, MoqtConnection, MoqtUri, connect
 from moqt.session import MoqtSession
-from moqt.tracks import Allocator, MoqtObject, ObjectAssembler, RequestKind, RequestTracker
+from moqt.tracks import Allocator, MoqtObject, ObjectAssembler, RequestKind, RequestTracker, TransferError
 from moqt.wire import Location, Namespace
 
 FIRST: Final = Location(0, 0)
+
+
+class TransferStalled(TransferError):
+    """Objects had started to arrive, then nothing arrived for the stream's ``stall_timeout_s``."""
+
+    def __init__(self, stall_s: float) -> None:
+        super().__init__(None, f"the transfer stalled: nothing arrived for {stall_s:g} s")
+        self.stall_s = stall_s
 
 
 class ObjectStream:
     """The objects of one FETCH or SUBSCRIBE: an async iterator and an async context manager.
 
     ``timeout_s`` bounds the wait for each object (and for the end); on expiry the request is
-    cancelled and ``TimeoutError`` raised. Once iteration ends -- normally or not -- the stream is
+    cancelled and ``TimeoutError`` raised. ``stall_timeout_s`` (None: off) bounds, once objects have
+    started to arrive, a wait with no progress at all (not one octet); on expiry the request is
+    cancelled and `TransferStalled` raised. Once iteration ends -- normally or not -- the stream is
     closed; closing an unfinished one cancels the request at the publisher.
     """
 
-    def __init__(self, endpoint: Endpoint, request_id: int, inbox: Inbox, timeout_s: float | None) -> None:
+    def __init__(self, endpoint: Endpoint, request_id: int, inbox: Inbox, timeout_s: float | None,
+                 stall_timeout_s: float | None = None) -> None:
         self.endpoint = endpoint
         self.request_id = request_id
         self._inbox = inbox
         self._timeout_s = timeout_s
+        self._stall_s = stall_timeout_s
         self._closed = False
 
     @property
@@ -81,6 +96,8 @@ class ObjectStream:
         try:
             if self._inbox.queue:  # already here: get() returns without waiting, no timer to arm
                 obj = await self._inbox.get()
+            elif self._stall_s is not None and self._inbox.progress_at is not None:
+                obj = await self._get_unless_stalled(self._stall_s)
             else:
                 async with asyncio.timeout(self._timeout_s):
                     obj = await self._inbox.get()
@@ -91,6 +108,28 @@ class ObjectStream:
             self.close()
             raise StopAsyncIteration
         return obj
+
+    async def _get_unless_stalled(self, stall_s: float) -> MoqtObject | None:
+        """``get`` within ``timeout_s``, raising `TransferStalled` after ``stall_s`` without progress.
+
+        The stall clock starts at the later of the last piece's arrival and this wait's start: a
+        consumer that was busy elsewhere (an engine loading a layer) does not make the transfer stall.
+        """
+        inbox, loop = self._inbox, asyncio.get_running_loop()
+        start = loop.time()
+        deadline = None if self._timeout_s is None else start + self._timeout_s
+        while True:
+            stall_at = max(inbox.progress_at or start, start) + stall_s
+            try:
+                async with asyncio.timeout_at(stall_at if deadline is None else min(stall_at, deadline)):
+                    return await inbox.get()
+            except TimeoutError:
+                now = loop.time()
+                if deadline is not None and now >= deadline:
+                    raise
+                if max(inbox.progress_at or start, start) + stall_s <= now:
+                    raise TransferStalled(stall_s) from None
+                # pieces arrived meanwhile (an object is still being assembled): keep waiting
 
     def close(self) -> None:
         """Stop receiving; an unfinished request is cancelled (FETCH_CANCEL / UNSUBSCRIBE)."""
@@ -163,14 +202,15 @@ class Subscriber:
 
     def fetch(self, namespace: Namespace, track_name: bytes, start: Location, end: Location, *,
               allocate: Allocator | None = None, priority: int = 128,
-              timeout_s: float | None = None) -> ObjectStream:
+              timeout_s: float | None = None, stall_timeout_s: float | None = None) -> ObjectStream:
         """Standalone FETCH of ``[start, end)`` ("End Location plus 1"; ``end.object`` 0 = all of the
-        group). Raises ``moqt.LocalError`` (e.g. ``RequestsBlockedError``) if it cannot be sent."""
+        group). Raises ``moqt.LocalError`` (e.g. ``RequestsBlockedError``) if it cannot be sent.
+        ``stall_timeout_s``: see `ObjectStream` (a stored range should flow without pauses)."""
         self._check()
         request_id = self.endpoint.session.fetch(namespace, track_name, start, end, subscriber_priority=priority,
                                                  group_order=GroupOrder.ASCENDING)
         tracker = RequestTracker(RequestKind.FETCH)
-        return self._stream(request_id, tracker, allocate, timeout_s)
+        return self._stream(request_id, tracker, allocate, timeout_s, stall_timeout_s)
 
     def subscribe(self, namespace: Namespace, track_name: bytes, *, start: Location | None = FIRST,
                   end_group: int | None = None, allocate: Allocator | None = None, priority: int = 128,
@@ -195,10 +235,11 @@ class Subscriber:
             raise error
 
     def _stream(self, request_id: int, tracker: RequestTracker, allocate: Allocator | None,
-                timeout_s: float | None) -> ObjectStream:
+                timeout_s: float | None, stall_timeout_s: float | None = None) -> ObjectStream:
         inbox = self.endpoint.open_inbox(request_id, tracker, ObjectAssembler(allocate))
         self.endpoint.link.transmit_soon()
-        return ObjectStream(self.endpoint, request_id, inbox, self.timeout_s if timeout_s is None else timeout_s)
+        return ObjectStream(self.endpoint, request_id, inbox, self.timeout_s if timeout_s is None else timeout_s,
+                            stall_timeout_s)
 
     async def close(self) -> None:
         """Close the session and wait (bounded) until its connection has ended."""

@@ -8,7 +8,10 @@ Laid out like ``aioquic.asyncio``:
   backpressure (``write``/``drain``), timers and peer authentication.
 * `endpoint`, `udp`: a UDP socket read in batches (one transmit per connection per batch), large
   buffers and optional UDP GSO.
-* `client` (`connect`) and `server` (`serve`, `MoqtServer`: routing by connection ID).
+* `client` (`connect`) and `server` (`serve`, `MoqtServer`: routing by connection ID, the
+  per-address connection cap).
+* `liveness`: when a connection PINGs (keepalive) and when it gives a silent peer up, sans-I/O;
+  `refusal`: TLS alerts as crypto errors for refused certificates, a stateless CONNECTION_REFUSED.
 * `aioquic_hooks`: the one module that overrides or reads aioquic's private methods and state
   (64 KiB datagrams through 4-octet STREAM lengths, client-certificate requests, the peer's
   ``max_udp_payload_size``, send-buffer sizes); pyproject.toml pins aioquic to the releases it was

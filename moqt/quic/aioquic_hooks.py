@@ -14,7 +14,8 @@ aioquic internals, each named below, and nothing else in kvsp does:
 * ``QuicConnection.__init__`` state: ``_ack_delay``, ``_loss._cc``, ``_configuration``,
   ``_max_datagram_size``; ``_streams`` and ``QuicStreamSender._buffer_start``, ``_buffer_stop``,
   ``_reset_error_code`` (send-buffer size); ``tls.Context._peer_certificate`` and
-  ``_peer_certificate_chain`` (the peer's chain).
+  ``_peer_certificate_chain`` (the peer's chain); ``_loss.spaces[].ack_eliciting_in_flight``
+  (an answer is owed: liveness) and ``_idle_timeout()`` (the negotiated idle timeout: keepalive).
 
 pyproject.toml pins aioquic to the releases where all of these were checked (1.6.0 to 1.7.2), and
 tests/test_moqt_quic_hooks.py fails when one of them changes signature, disappears or stops doing
@@ -65,6 +66,26 @@ def send_buffered(quic: QuicConnection, stream_id: int) -> int:
     if stream is None or stream.sender._reset_error_code is not None:
         return 0
     return stream.sender._buffer_stop - stream.sender._buffer_start
+
+
+def ack_eliciting_in_flight(quic: QuicConnection) -> bool:
+    """Whether ack-eliciting packets we sent are still unacknowledged (in any packet number space).
+
+    aioquic 1.7.2 counts them per space in ``QuicPacketSpace.ack_eliciting_in_flight`` (on
+    ``_loss.spaces``) and exposes none of it; moqt/quic/liveness.py needs it to tell "the peer owes
+    us an ACK" from "nothing to answer". Unknown state reads as False: no liveness verdict, only the
+    idle timeout (fails open to the old behaviour, never closes a live session).
+    """
+    spaces = getattr(getattr(quic, "_loss", None), "spaces", ())
+    return any(getattr(space, "ack_eliciting_in_flight", 0) > 0 for space in spaces)
+
+
+def negotiated_idle_timeout(quic: QuicConnection) -> float:
+    """The idle timeout in force: the smaller of ours and the peer's (RFC 9000 section 10.1), at least
+    three probe timeouts -- aioquic's private ``_idle_timeout()``; our configured value without it."""
+    method = getattr(quic, "_idle_timeout", None)
+    value = method() if callable(method) else None
+    return float(value) if isinstance(value, int | float) else float(quic.configuration.idle_timeout)
 
 
 HANDSHAKE_DATAGRAM_SIZE: Final = 16000

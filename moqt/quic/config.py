@@ -84,6 +84,13 @@ class QuicSettings:
     ``max_datagram_size`` (1452 = Ethernet MTU 1500 minus IPv6 and UDP headers; 8952 on a jumbo-frame
     fabric). aioquic has no path MTU discovery: a size the path cannot carry unfragmented works only
     where IP fragments get through. Handshake datagrams stay at 16000 at most (moqt/quic/aioquic_hooks.py).
+
+    Dead peers (moqt/quic/liveness.py, docs/moqt.md "Dead peers"): client connections PING after a
+    third of the negotiated idle timeout without receiving anything (``keepalive``), so a live session
+    never idles out and the idle timeout can be short; any connection that has waited
+    ``liveness_timeout_s`` for an ACK of what it sent closes: a request to a vanished peer fails
+    within that bound. A server refuses a new connection at once (CONNECTION_REFUSED) from an address
+    that already has ``max_connections_per_client`` (None: no cap).
     """
 
     max_datagram_size: int = 1452
@@ -92,7 +99,10 @@ class QuicSettings:
     max_stream_data: int = 16 << 20  # per-stream window: a few KV layers
     max_datagram_frame_size: int = 65535  # QUIC DATAGRAM (RFC 9221), which MOQT object datagrams need
     congestion_control: str = "cubic"
-    idle_timeout_s: float = 30.0
+    idle_timeout_s: float = 5.0  # silent this long: closed (the smaller of both ends'; keepalive PINGs at 1/3)
+    keepalive: bool = True  # client connections PING when silent for a third of the negotiated idle timeout
+    liveness_timeout_s: float | None = 2.0  # ack-eliciting data unanswered this long: the peer is gone
+    max_connections_per_client: int | None = 256  # a server's concurrent connections from one IP address
     initial_rtt_s: float = 0.01  # RTT guess before the first sample: a LAN value, so early loss recovers fast
     socket_buffer_bytes: int = 4 << 20
     send_high_water: int = 4 << 20  # write() keeps at most this much unacknowledged per stream; resumes at 1/2
@@ -114,6 +124,10 @@ class QuicSettings:
             raise ValueError("max_flight_bytes must allow at least 4 datagrams of loopback_datagram_size")
         if not 0 <= self.ack_delay_s < 0.025:
             raise ValueError("ack_delay_s must be within [0, 0.025): aioquic announces max_ack_delay 25 ms")
+        if not self.idle_timeout_s > 0 or (self.liveness_timeout_s is not None and not self.liveness_timeout_s > 0):
+            raise ValueError("idle_timeout_s and liveness_timeout_s must be positive")
+        if self.max_connections_per_client is not None and self.max_connections_per_client < 1:
+            raise ValueError("max_connections_per_client must be at least 1 (or None: no cap)")
         if self.congestion_control not in ("reno", "cubic"):
             raise ValueError(f"congestion_control {self.congestion_control!r}: aioquic has reno and cubic")
 

@@ -27,13 +27,22 @@ from typing import Any, Final, Generic, Protocol, TypeAlias, TypeVar, cast
 
 from aioquic.quic import events as qe
 from aioquic.quic.connection import NetworkAddress
+from aioquic.quic.packet import QuicFrameType
 
 from moqt.auth import AuthError
 from moqt.errors import MoqtError
 from moqt.kinds import SessionError
 from moqt.profiles import DRAFT_14, Profile
-from moqt.quic.aioquic_hooks import HookedQuicConnection, peer_certificate_chain, send_buffered
+from moqt.quic.aioquic_hooks import (
+    HookedQuicConnection,
+    ack_eliciting_in_flight,
+    negotiated_idle_timeout,
+    peer_certificate_chain,
+    send_buffered,
+)
 from moqt.quic.config import EndpointConfig, MoqtUri
+from moqt.quic.liveness import Liveness, Verdict
+from moqt.quic.refusal import address_text, certificate_alert, crypto_error
 from moqt.tls import PeerAuthentication, PeerCertificateError
 
 log = logging.getLogger(__name__)
@@ -93,6 +102,7 @@ class ConnectionStats:
     octets_sent: int = 0
     transmits: int = 0
     largest_datagram_sent: int = 0
+    keepalive_pings: int = 0
 
 
 class MoqtConnection(PeerAuthentication, Generic[E]):
@@ -130,6 +140,8 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._auth_timer: asyncio.TimerHandle | None = None
+        self._liveness: Liveness | None = None  # from the end of the handshake (moqt/quic/liveness.py)
+        self._pings = 0
         super().__init__(config.token_keys)
         quic.on_write = self.transmit_soon
 
@@ -244,6 +256,8 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
         self.stats.datagrams_received += 1
         self.stats.octets_received += len(data)
         self.quic.receive_datagram(data, address, now=now)
+        if self._liveness is not None:
+            self._liveness.received(now)
         self._process_events()
 
     def _transmit(self, now: float | None = None) -> None:
@@ -258,6 +272,9 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
             stats.octets_sent += len(data)
             stats.largest_datagram_sent = max(stats.largest_datagram_sent, len(data))
         self._endpoint.send(datagrams)
+        live = self._liveness
+        if live is not None and datagrams and live.watching and ack_eliciting_in_flight(self.quic):
+            live.sent(self._loop.time() if now is None else now)
         self._arm_timer()
 
     def _arm_timer(self) -> None:
@@ -265,6 +282,9 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
         session_at = self._timed.get_timer() if self._timed is not None else None
         if session_at is not None and (timer_at is None or session_at < timer_at):
             timer_at = session_at
+        live_at = self._liveness.next_check if self._liveness is not None else None
+        if live_at is not None and (timer_at is None or live_at < timer_at):
+            timer_at = live_at
         if self._timer is not None and self._timer_at != timer_at:
             self._timer.cancel()
             self._timer = None
@@ -279,6 +299,9 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
         self._timer = self._timer_at = None
         self.quic.handle_timer(now=now)
         self._process_events()
+        live = self._liveness
+        if live is not None and not self.closed and live.next_check is not None and now >= live.next_check:
+            self._check_liveness(live, now)
         timed = self._timed
         if timed is not None and not self._rejected and (due := timed.get_timer()) is not None and now >= due:
             self._run_session(timed.handle_timer, now)
@@ -316,10 +339,16 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
                     self._on_event(self, item)
                 else:
                     self._events.append(item)
-        except Exception:  # the session maps peer errors to closes itself; anything else is a bug
-            log.exception("MOQT session or event handler failed; closing the connection")
+        except Exception as exc:  # the session maps peer errors to closes itself; anything else is a bug
             self._rejected = True
-            self.close(SessionError.INTERNAL_ERROR, "internal error")
+            if self.quic.closing and isinstance(exc, (MoqtError, ConnectionError)):
+                # The session had closed for the peer's fault (e.g. a FIN with its CLIENT_SETUP) before a
+                # handler answered an event of the same batch: the peer's doing, one line (kvsp/service/logs.py).
+                log.info("MOQT peer %s: the session closed before its events were answered (%s)", self.address,
+                         exc, extra={"kvsp_peer": "moqt.closed-early"})
+            else:
+                log.exception("MOQT session or event handler failed; closing the connection")
+                self.close(SessionError.INTERNAL_ERROR, "internal error")
         self._wake_event_waiter()
 
     def _wake_event_waiter(self) -> None:
@@ -331,6 +360,9 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
         try:
             self._authenticate_peer()
             self._session = self._factory(self)
+        except PeerCertificateError as exc:
+            self._refuse_certificate(exc)
+            return
         except AuthError as exc:
             log.info("peer %s rejected: %s", self.address, exc)
             self._rejected = True
@@ -347,8 +379,39 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
         pending, self._pending = self._pending, []
         for event in pending:
             self._dispatch(event)
+        self._start_liveness()
         if not self._ready.done():
             self._ready.set_result(None)
+
+    def _refuse_certificate(self, exc: PeerCertificateError) -> None:
+        """A certificate we reject: a transport close carrying the TLS alert (moqt/quic/refusal.py)."""
+        alert = certificate_alert(peer_certificate_chain(self.quic), self.config.trust.roots)
+        log.info("MOQT peer %s refused in the TLS handshake (%s): %s", address_text(self.address), alert.name, exc,
+                 extra={"kvsp_peer": "moqt.tls-refused"})  # one rate-limited line (kvsp/service/logs.py)
+        self._rejected = True
+        self._fail_ready(exc)
+        if not self.closed:
+            self.quic.close(error_code=crypto_error(alert), frame_type=QuicFrameType.CRYPTO,
+                            reason_phrase=str(exc)[:_MAX_REASON])
+            self._transmit()
+
+    def _start_liveness(self) -> None:
+        """Keepalive (clients) and the liveness bound, once the peer's idle timeout is known."""
+        s = self.config.settings
+        interval = negotiated_idle_timeout(self.quic) / 3 if s.keepalive and self.is_client else None
+        if interval is not None or s.liveness_timeout_s is not None:
+            self._liveness = Liveness(interval, s.liveness_timeout_s, self._loop.time())
+
+    def _check_liveness(self, live: Liveness, now: float) -> None:
+        verdict = live.check(now, ack_eliciting_in_flight(self.quic))
+        if verdict is Verdict.PING:
+            self._pings += 1
+            self.stats.keepalive_pings += 1
+            self.quic.send_ping(self._pings)
+        elif verdict is Verdict.DEAD:
+            log.info("MOQT peer %s sent nothing for %.1f s while owing an ACK: closing", address_text(self.address),
+                     live.timeout_s, extra={"kvsp_peer": "moqt.peer-unresponsive"})
+            self.close(SessionError.INTERNAL_ERROR, f"peer unresponsive for {live.timeout_s:g} s")
 
     def _authenticate_peer(self) -> None:
         chain, trust = peer_certificate_chain(self.quic), self.config.trust

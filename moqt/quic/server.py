@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from types import TracebackType
 from typing import Any, Final, Generic
@@ -10,14 +11,17 @@ from typing import Any, Final, Generic
 from aioquic.buffer import Buffer  # type: ignore[attr-defined]  # re-exported without __all__
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
 from aioquic.quic.connection import NetworkAddress
-from aioquic.quic.packet import QuicPacketType, encode_quic_version_negotiation, pull_quic_header
+from aioquic.quic.packet import QuicHeader, QuicPacketType, encode_quic_version_negotiation, pull_quic_header
 
 from moqt.kinds import SessionError
 from moqt.quic.aioquic_hooks import HookedQuicConnection
 from moqt.quic.config import EndpointConfig
 from moqt.quic.connection import E, EventHandler, MoqtConnection, SessionFactory
 from moqt.quic.endpoint import UdpEndpoint
+from moqt.quic.refusal import address_text, connection_refused
 from moqt.quic.udp import udp_socket
+
+log = logging.getLogger(__name__)
 
 _CID_LENGTH: Final = 8  # aioquic's default connection_id_length, which our configurations keep
 
@@ -26,7 +30,9 @@ class MoqtServer(UdpEndpoint, Generic[E]):
     """A UDP listener that accepts QUIC connections and gives each a session once authenticated.
 
     Routes by destination connection ID like ``aioquic.asyncio.QuicServer``, without Retry (a LAN
-    service; aioquic's anti-amplification limit applies until the address is validated).
+    service; aioquic's anti-amplification limit applies until the address is validated). A client
+    Initial from an IP address that already has ``max_connections_per_client`` connections is answered
+    with CONNECTION_REFUSED at once, without a connection (moqt/quic/refusal.py); ``refused`` counts them.
     """
 
     def __init__(self, sock: socket.socket, config: EndpointConfig, session_factory: SessionFactory[E],
@@ -40,6 +46,9 @@ class MoqtServer(UdpEndpoint, Generic[E]):
         self._versions = QuicConfiguration(is_client=False).supported_versions
         self._accepting = True
         self.connections: set[MoqtConnection[E]] = set()
+        self._peer_of: dict[MoqtConnection[E], str] = {}
+        self._per_peer: dict[str, int] = {}
+        self.refused = 0
         self._all_closed = asyncio.Event()
         self._all_closed.set()
 
@@ -64,6 +73,9 @@ class MoqtServer(UdpEndpoint, Generic[E]):
             conn = self._routes.get(header.destination_cid)
             if (conn is None and self._accepting and header.packet_type == QuicPacketType.INITIAL
                     and len(data) >= SMALLEST_MAX_DATAGRAM_SIZE):
+                if self._over_cap(str(address[0])):
+                    self._refuse(header, address)
+                    return None
                 conn = self._accept(header.destination_cid, address)
         if conn is not None:
             conn._receive(data, address, now)
@@ -81,8 +93,21 @@ class MoqtServer(UdpEndpoint, Generic[E]):
         conn = MoqtConnection(quic, self, address, self.config, self._factory, on_event=self._on_event)
         self._routes[original_cid] = self._routes[quic.host_cid] = conn
         self.connections.add(conn)
+        peer = self._peer_of[conn] = str(address[0])
+        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
         self._all_closed.clear()
         return conn
+
+    def _over_cap(self, peer: str) -> bool:
+        cap = self.config.settings.max_connections_per_client
+        return cap is not None and self._per_peer.get(peer, 0) >= cap
+
+    def _refuse(self, header: QuicHeader, address: NetworkAddress) -> None:
+        cap = self.config.settings.max_connections_per_client
+        self.refused += 1
+        log.info("MOQT connection from %s refused: %s connections from that address already "
+                 "(max_connections_per_client)", address_text(address), cap, extra={"kvsp_peer": "moqt.per-peer-cap"})
+        self.send([(connection_refused(header, "too many connections from this address"), address)])
 
     def connection_id_issued(self, cid: bytes, conn: MoqtConnection[Any]) -> None:
         self._routes[cid] = conn
@@ -94,6 +119,11 @@ class MoqtServer(UdpEndpoint, Generic[E]):
         for cid in [cid for cid, c in self._routes.items() if c is conn]:
             del self._routes[cid]
         self.connections.discard(conn)
+        peer = self._peer_of.pop(conn, None)
+        if peer is not None:
+            left = self._per_peer.pop(peer) - 1
+            if left > 0:
+                self._per_peer[peer] = left
         if not self.connections:
             self._all_closed.set()
             if not self._accepting:
