@@ -107,8 +107,8 @@ async def serving(config: RoleConfig, *, clock: Clock = time.monotonic, app: web
     listener guarded by ``[server]``'s limits (control/listener)."""
     if config.tls is None:
         raise ValidationError("tls", "is required: every KVSP listener uses mutual TLS 1.3 (D1)")
-    check_identity(config.tls, config.server.base_uri)
-    app = app if app is not None else build_app(config, clock=clock, roles=roles)
+    app = app if app is not None else build_app(config, clock=clock, roles=roles)  # each role's table first
+    check_identity(config.tls, config.server.base_uri, config.policy.pc if "pc" in (roles or config.roles) else None)
     metrics = metrics_of(app)  # before the app is frozen: an app of a test's own may have none yet
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

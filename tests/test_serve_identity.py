@@ -34,3 +34,17 @@ async def test_the_certificates_own_uri_serves(tmp_path: Path) -> None:
     pki = DevPki.make(tmp_path, ["is"])
     async with serving(role_config(pki, "is", ("is",), Policy())) as app:
         assert app is not None
+
+
+async def test_a_pc_replica_serves_with_the_policys_pc_certificate_at_its_own_base_uri(tmp_path: Path) -> None:
+    """D2/D7: every PC replica presents the one PC identity; only that shared identity is allowed to
+    differ from the base URI, and only for a process that serves the PC role."""
+    pki = DevPki.make(tmp_path, ["pc", "pc2"])
+    policy = Policy(pc=pki.uri("pc"))
+    replica = replace(role_config(pki, "pc2", ("pc",), policy), tls=pki.files("pc"))
+    async with serving(replica) as app:
+        assert app is not None
+    not_a_pc = replace(role_config(pki, "pc2", ("is",), policy), tls=pki.files("pc"))
+    with pytest.raises(TlsConfigError, match=r"is not a URI SubjectAltName"):
+        async with serving(not_a_pc):
+            pass

@@ -58,12 +58,14 @@ def client_context(files: TlsFiles) -> ssl.SSLContext:
     return ctx
 
 
-def check_identity(files: TlsFiles, base_uri: str) -> None:
-    """Refuse to serve as ``base_uri`` with a certificate that does not assert it.
+def check_identity(files: TlsFiles, base_uri: str, shared: str | None = None) -> None:
+    """Refuse to serve as ``base_uri`` with a certificate that asserts neither it nor ``shared``.
 
     Peers authorize a role by the URI SAN of its certificate, while the role names itself (records,
     directives, the PC's registry) by its base URI: when the two differ, every check against the
-    role fails at a distance, so the mismatch is an error at startup."""
+    role fails at a distance, so the mismatch is an error at startup.  ``shared`` is the one identity
+    that several processes present by design: the policy's ``pc``, which every PC replica's certificate
+    asserts while each has its own base URI (D2, D7)."""
     files.check()
     try:
         cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
@@ -74,7 +76,7 @@ def check_identity(files: TlsFiles, base_uri: str) -> None:
         uris = san.get_values_for_type(x509.UniformResourceIdentifier)
     except x509.ExtensionNotFound:
         uris = []
-    if base_uri not in uris:
+    if base_uri not in uris and (shared is None or shared not in uris):
         raise TlsConfigError(f"server.base_uri: {base_uri} is not a URI SubjectAltName of tls.cert {files.cert} "
                              f"(it asserts {uris}); peers know this role by its certificate's URI, so the "
                              "two must be the same")
