@@ -17,7 +17,8 @@ from typing import cast
 
 import pytest
 
-from benchmarks.bench_dataplane_faults import ROOT, World, fallback, reconnects, subscribe_to_vanished
+from benchmarks.bench_dataplane_faults import World, fallback, reconnects, subscribe_to_vanished
+from benchmarks.trees import ROOT
 
 
 @pytest.fixture
