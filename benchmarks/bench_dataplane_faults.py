@@ -43,7 +43,6 @@ from typing import Any, Final
 
 import aiohttp
 
-from benchmarks.trees import ROOT, print_run, tree_parser
 from control.deploy import configs
 from control.deploy.pki import DevPki
 from control.deploy.ports import free_udp_port
@@ -61,6 +60,9 @@ from moqt.errors import MoqtError
 from moqt.quic import EndpointConfig
 from moqt.wire import Namespace
 
+# The client side runs as a child on the measured tree's path, whose benchmarks package may predate
+# benchmarks.trees: this module imports only what every tree has, and trees.py in the parent alone.
+ROOT: Final = Path(__file__).resolve().parent.parent
 SCOPE: Final = bytes(range(16))
 # 32 layers of 256 tokens x 8 heads x 128 dims in bf16: 512 KiB per K or V section, 32 MiB per block
 DESCRIPTOR: Final = CompatDescriptor(model="dataplane-faults", model_digest=bytes(32), tokenizer_digest=bytes(32),
@@ -374,13 +376,17 @@ def run(quick: bool = False, *, tree: Path = ROOT, compare: Path | None = None) 
 
 
 def _main() -> None:
-    parser = tree_parser(__doc__, "the checkout to measure (roles and client)")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
+    if "--child" in sys.argv[1:]:
+        child = argparse.ArgumentParser()
+        child.add_argument("--child", action="store_true")
+        child.add_argument("--quick", action="store_true")
+        child.add_argument("--tree", type=Path, default=ROOT)
+        args = child.parse_args()
         print(json.dumps(asyncio.run(measure(args.tree, args.quick))))
         return
-    print_run(run, args)
+    from benchmarks.trees import print_run, tree_parser  # noqa: PLC0415 (see ROOT)
+
+    print_run(run, tree_parser(__doc__, "the checkout to measure (roles and client)").parse_args())
 
 
 if __name__ == "__main__":
