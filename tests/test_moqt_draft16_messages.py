@@ -45,9 +45,10 @@ from moqt.messages import (
     Unsubscribe,
     message_classes,
 )
-from moqt.params import AuthToken, RequestParameters, SetupParameters, SubscriptionFilter
+from moqt.params import RequestParameters, SetupParameters, SubscriptionFilter
 from moqt.profiles import DRAFT_14, DRAFT_16
 from moqt.wire import VARINT_MAX, KeyValuePair, Location, encode_varint
+from tests.support.moqt_strategies import locations, tokens
 
 D16 = DRAFT_16
 V16 = 0xFF000010
@@ -63,13 +64,6 @@ names = st.binary(max_size=40)
 text = st.text(max_size=40)
 orders = st.sampled_from(GroupOrder)
 response_orders = st.sampled_from([GroupOrder.ASCENDING, GroupOrder.DESCENDING])
-locations = st.builds(Location, varint, varint)
-tokens = st.one_of(
-    st.builds(AuthToken.use_value, varint, st.binary(max_size=16)),
-    st.builds(lambda a, t, v: AuthToken(AliasType.REGISTER, a, t, v), varint, varint, st.binary(max_size=16)),
-    st.builds(lambda a: AuthToken(AliasType.USE_ALIAS, a), varint),
-    st.builds(lambda a: AuthToken(AliasType.DELETE, a), varint),
-)
 setup_tokens = tokens.filter(lambda t: t.alias_type in (AliasType.USE_VALUE, AliasType.REGISTER))
 #: Track Extensions with no rule on their value (the bounded ones and the group order have tests of their own)
 extensions = st.lists(st.one_of(

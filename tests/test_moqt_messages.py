@@ -56,6 +56,7 @@ from moqt.messages import (
 from moqt.params import AuthToken, RequestParameters, SetupParameters
 from moqt.profiles import DRAFT_14, PROFILES, Profile
 from moqt.wire import VARINT_MAX, KeyValuePair, Location, encode_varint
+from tests.support.moqt_strategies import locations, tokens
 
 PV = SessionError.PROTOCOL_VIOLATION
 VECTORS = Path(__file__).parent / "vectors" / "moqt"
@@ -329,13 +330,6 @@ names = st.binary(max_size=40)
 text = st.text(max_size=40)
 orders = st.sampled_from(GroupOrder)
 response_orders = st.sampled_from([GroupOrder.ASCENDING, GroupOrder.DESCENDING])
-locations = st.builds(Location, varint, varint)
-tokens = st.one_of(
-    st.builds(AuthToken.use_value, varint, st.binary(max_size=16)),
-    st.builds(lambda a, t, v: AuthToken(AliasType.REGISTER, a, t, v), varint, varint, st.binary(max_size=16)),
-    st.builds(lambda a: AuthToken(AliasType.USE_ALIAS, a), varint),
-    st.builds(lambda a: AuthToken(AliasType.DELETE, a), varint),
-)
 unknown_pairs = st.lists(st.one_of(
     st.builds(KeyValuePair, st.integers(3, 1000).map(lambda n: n * 2 + 40), varint),
     st.builds(KeyValuePair, st.integers(3, 1000).map(lambda n: n * 2 + 41), st.binary(max_size=8))),
