@@ -74,6 +74,7 @@ SHAS: Final = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in S
 BUCKETS_PER_TTL: Final = 32
 MIN_BUCKET_MS: Final = 100
 FAILURES: Final = (RedisError, RedisClusterException, OSError, TimeoutError)
+CLOSE_TIMEOUT_S = 2.0  # closing the client at shutdown
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +264,12 @@ class RedisIndex:
                 "failures": self.breaker.failures, "error": self.breaker.error, "replicas": self.replicas}
 
     async def close(self) -> None:
-        await self.client.aclose()
+        """Bounded: a shutdown must not wait on a Redis that vanished (its sockets may never answer)."""
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.client.aclose()
+        except (TimeoutError, RedisError, OSError) as exc:
+            log.info("closing the Redis client gave up: %s", exc or type(exc).__name__)
 
     # -- internals --------------------------------------------------------------------------------
     def _may_create(self) -> int:

@@ -50,6 +50,7 @@ from kvsp.errors import KvspError
 from kvsp.records import SessionCheckpoint
 
 T = TypeVar("T")
+CLOSE_TIMEOUT_S: Final = 2.0  # closing the client at shutdown
 LOAD_BATCH: Final = 256  # sessions per pipeline when a new leader loads
 
 
@@ -201,8 +202,10 @@ class RedisStore:
             raise StoreUnavailable(f"the stored PC state does not parse ({exc})") from exc
 
     async def close(self) -> None:
-        with contextlib.suppress(RedisError, OSError):
-            await self.redis.aclose()
+        """Bounded: a shutdown must not wait on a Redis that vanished (its sockets may never answer)."""
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.redis.aclose()
 
 
 # -- the session hash ---------------------------------------------------------------------------------
