@@ -32,8 +32,9 @@ async def test_a_base_uri_the_certificate_does_not_assert_is_refused_before_list
 
 async def test_the_certificates_own_uri_serves(tmp_path: Path) -> None:
     pki = DevPki.make(tmp_path, ["is"])
-    async with serving(role_config(pki, "is", ("is",), Policy())) as app:
-        assert app is not None
+    async with serving(role_config(pki, "is", ("is",), Policy())):
+        with socket.socket() as probe:  # listening as its certificate's identity
+            assert probe.connect_ex(("127.0.0.1", pki.port("is"))) == 0
 
 
 async def test_a_pc_replica_serves_with_the_policys_pc_certificate_at_its_own_base_uri(tmp_path: Path) -> None:
@@ -42,8 +43,9 @@ async def test_a_pc_replica_serves_with_the_policys_pc_certificate_at_its_own_ba
     pki = DevPki.make(tmp_path, ["pc", "pc2"])
     policy = Policy(pc=pki.uri("pc"))
     replica = replace(role_config(pki, "pc2", ("pc",), policy), tls=pki.files("pc"))
-    async with serving(replica) as app:
-        assert app is not None
+    async with serving(replica):
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", pki.port("pc2"))) == 0
     not_a_pc = replace(role_config(pki, "pc2", ("is",), policy), tls=pki.files("pc"))
     with pytest.raises(TlsConfigError, match=r"is not a URI SubjectAltName"):
         async with serving(not_a_pc):
