@@ -191,10 +191,11 @@ class Probe:
             await _close(writer)
 
     async def moqt_setup_fin(self, _: int) -> MoqtConnection[object]:
-        """CLIENT_SETUP and FIN in one frame; returns the connection once the holder has closed it."""
+        """CLIENT_SETUP and FIN in one frame; returns the connection once the holder has closed it.
+        Draft-14's CLIENT_SETUP (the drafts' setup messages differ), so the client offers draft-14 only."""
         d = self.pki.dir
         config = EndpointConfig.from_files(d / "client.pem", d / "client.key", d / "ca.pem",
-                                           QuicSettings(idle_timeout_s=5.0))
+                                           QuicSettings(idle_timeout_s=5.0, drafts=(14,)))
         conn = await connect(f"moqt://127.0.0.1:{self.moqt_port}/holder", config, SetupThenFin)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(conn.wait_closed(), 5)

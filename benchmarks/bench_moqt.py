@@ -50,7 +50,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import uvloop
@@ -525,10 +525,7 @@ def _measure(setup: Setup, pipe: Any, quick: bool) -> tuple[list[dict[str, objec
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         clients = runner.run(_clients(setup, pipe))
         try:
-            for mib, descriptor in DESCRIPTORS.items():
-                for i in range(BLOCKS):
-                    runner.run(clients.https.put_block(setup.uris["holder"], descriptor.compat_id, SCOPE, key(i, mib),
-                                                       block(i, mib)))
+            put_blocks(runner, clients)
             rows = []
             for mib in DESCRIPTORS:
                 for concurrency in (1, 8):
@@ -555,7 +552,11 @@ async def _clients(setup: Setup, pipe: Any) -> Clients:
     return Clients(setup, session, https, moqt, pipe)
 
 
-def run(quick: bool = False) -> dict[str, object]:
+M = TypeVar("M")
+
+
+def with_server(measure: Callable[[Setup, Any, bool], M], quick: bool) -> M:
+    """Make the PKI and descriptors, start the server process, run ``measure(setup, pipe, quick)``."""
     with tempfile.TemporaryDirectory(prefix="kvsp-bench-moqt-") as tmp:
         directory = Path(tmp)
         uris = {name: loopback_uri(name) for name in ROLES}
@@ -572,17 +573,32 @@ def run(quick: bool = False) -> dict[str, object]:
         try:
             if not parent.poll(60) or parent.recv() != "ready":
                 raise RuntimeError("the benchmark server did not start")
-            cases, profile = _measure(setup, parent, quick)
+            return measure(setup, parent, quick)
         finally:
             parent.send("stop")
             server.join(10)
             if server.is_alive():
                 server.kill()
-    return {"name": "moqt", "params": {"block_octets": {f"{mib}MiB": len(block(0, mib)) for mib in DESCRIPTORS},
-                                       "layers": DESCRIPTOR.layers, "objects_per_block": DESCRIPTOR.layers,
-                                       "server": "child process (holder role: HTTPS + MOQT), uvloop both ends",
-                                       "tls": "1.3 with client certificates (TCP and QUIC)"},
-            "cases": cases, "profile": profile}
+
+
+def put_blocks(runner: asyncio.Runner, clients: Clients) -> None:
+    """Store every benchmark block in the holder (over HTTPS)."""
+    for mib, descriptor in DESCRIPTORS.items():
+        for i in range(BLOCKS):
+            runner.run(clients.https.put_block(clients.setup.uris["holder"], descriptor.compat_id, SCOPE,
+                                               key(i, mib), block(i, mib)))
+
+
+def params() -> dict[str, object]:
+    return {"block_octets": {f"{mib}MiB": len(block(0, mib)) for mib in DESCRIPTORS}, "layers": DESCRIPTOR.layers,
+            "objects_per_block": DESCRIPTOR.layers,
+            "server": "child process (holder role: HTTPS + MOQT), uvloop both ends",
+            "tls": "1.3 with client certificates (TCP and QUIC)"}
+
+
+def run(quick: bool = False) -> dict[str, object]:
+    cases, profile = with_server(_measure, quick)
+    return {"name": "moqt", "params": params(), "cases": cases, "profile": profile}
 
 
 if __name__ == "__main__":

@@ -19,6 +19,16 @@ def config(tmp: Path, **holder: object) -> RoleConfig:
                       tmp, {"holder": holder})
 
 
+MOQT = {"moqt_listen": "127.0.0.1:4433", "moqt_uri": "moqt://127.0.0.1:4433/holder"}
+
+
+def test_moqt_drafts_pin_the_listener_newest_first(tmp_path: Path) -> None:
+    every = HolderSettings.from_config(config(tmp_path, **MOQT)).moqt
+    assert every is not None and every.drafts is None  # None: every draft this build speaks
+    pinned = HolderSettings.from_config(config(tmp_path, **MOQT, moqt_drafts=[14, 16])).moqt
+    assert pinned is not None and pinned.drafts == (16, 14)
+
+
 def test_defaults(tmp_path: Path) -> None:
     s = HolderSettings.from_config(config(tmp_path))
     assert s.index is None and s.descriptors == {} and s.storage_dir is None and s.encryption_key_file is None
@@ -51,6 +61,11 @@ def test_paths_resolve_against_the_config_folder(tmp_path: Path) -> None:
     ({"descriptors": ["missing.json"]}, "holder.descriptors[0]"),
     ({"descriptors": [1]}, "holder.descriptors[0]"),
     ({"descriptors": "d.json"}, "holder.descriptors"),
+    ({"moqt_drafts": [14]}, "holder.moqt_drafts"),  # without moqt_listen
+    ({**MOQT, "moqt_drafts": [13]}, "holder.moqt_drafts"),
+    ({**MOQT, "moqt_drafts": []}, "holder.moqt_drafts"),
+    ({**MOQT, "moqt_drafts": ["16"]}, "holder.moqt_drafts[0]"),
+    ({**MOQT, "moqt_drafts": 16}, "holder.moqt_drafts"),
 ])
 def test_bad_values_are_refused_with_their_member(tmp_path: Path, holder: dict[str, object], member: str) -> None:
     with pytest.raises(ValidationError) as info:

@@ -27,7 +27,7 @@ from moqt.auth import AuthError, issue_token
 from moqt.events import SessionEstablished, SetupRequested
 from moqt.kinds import SessionError
 from moqt.params import AuthToken, SetupParameters
-from moqt.profiles import DRAFT_14
+from moqt.profiles import DRAFT_14, PROFILES
 from moqt.quic import (
     LOOPBACK_DATAGRAM_SIZE,
     MAX_DATAGRAM_SIZE,
@@ -218,7 +218,7 @@ def test_datagram_size_is_clamped_to_the_largest_udp_payload(caplog: pytest.LogC
 def test_quic_configuration_carries_settings(pki: Pki) -> None:
     config = pki.config("client", settings=QuicSettings(max_data=1 << 22, congestion_control="reno"))
     qc = config.quic_configuration(is_client=True, datagram_size=9000, server_name="127.0.0.1")
-    assert qc.alpn_protocols == ["moq-00"]
+    assert qc.alpn_protocols == ["moqt-16", "moq-00"]  # every draft, newest first
     assert (qc.max_datagram_size, qc.max_data, qc.congestion_control_algorithm) == (9000, 1 << 22, "reno")
     assert qc.certificate is not None and qc.private_key is not None
     assert qc.verify_mode == ssl.CERT_NONE  # aioquic's check can't parse our URI SANs; moqt/tls.py verifies
@@ -236,7 +236,7 @@ async def test_mutual_authentication_both_sides_see_identity(pki: Pki, served: S
         assert session.conn.peer_certificate is not None
         assert any(isinstance(e, qe.HandshakeCompleted) for e in session.seen)
         assert isinstance(session.seen[0], qe.ProtocolNegotiated)  # queued before the session existed
-        assert conn.quic.tls.alpn_negotiated == "moq-00"
+        assert conn.quic.tls.alpn_negotiated == PROFILES[0].alpn == conn.profile.alpn  # the newest draft
     assert conn.close_event is not None and conn.close_event.error_code == 0
 
 

@@ -171,13 +171,15 @@ class HolderMoqt:
             raise ValueError("the holder's MOQT listener needs [tls] (mutual authentication, D3)")
         keys = tuple(load_token_key(path) for path in self.settings.token_keys)
         quic = QuicSettings(max_datagram_size=self.settings.max_datagram_size,
-                            max_connections_per_client=self.settings.max_connections_per_client)
+                            max_connections_per_client=self.settings.max_connections_per_client,
+                            drafts=self.settings.drafts)
         return EndpointConfig.from_files(tls.cert, tls.key, tls.ca, quic, token_keys=keys)
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         config = self.endpoint_config()
         port = await self.publisher.listen(self.settings.host, self.settings.port, config)
-        log.info("serving blocks over MOQT on %s:%d as %s", self.settings.host, port, self.uri)
+        log.info("serving blocks over MOQT on %s:%d as %s (drafts %s)", self.settings.host, port, self.uri,
+                 ", ".join(str(p.draft) for p in config.settings.profiles))
         if self.settings.relay is not None:
             self.relay_link = UpstreamLink(self.publisher, self.settings.relay, config)
             for compat_id in self.holder.settings.descriptors:

@@ -18,6 +18,7 @@
     moqt_relay = "moqt://127.0.0.1:4443/relay"  # optional: publish through the rack relay (records name it)
     moqt_max_datagram_size = 1452            # optional: UDP payload to non-loopback MOQT peers (8952: jumbo)
     moqt_max_connections_per_client = 256      # optional: concurrent MOQT (QUIC) connections from one IP address
+    moqt_drafts = [16, 14]                   # optional: MOQT drafts the listener accepts (default: every one)
     torch_tiers = false                      # host tier as torch uint8 tensors (pinned with CUDA)
     device_capacity_octets = 0               # device tier (CUDA memory); absent without CUDA
     device = "cuda"                          # the torch device of the device tier
@@ -44,6 +45,7 @@ from kvsp.numbers import parse_decimal
 from kvsp.reader import ObjectReader
 from kvsp.records.base import MAX_SAFE_INT
 from kvsp.service.config import RoleConfig
+from moqt.profiles.negotiation import profiles_for
 from moqt.quic import MAX_DATAGRAM_SIZE, MoqtUri, QuicSettings
 
 DEFAULT_REPLICA_TTL_MS: Final = 120_000
@@ -58,7 +60,7 @@ KNOWN_KEYS: Final = frozenset({
     "index", "descriptors", "replica_ttl_ms", "retention_ms", "host_capacity_octets", "storage_dir",
     "storage_capacity_octets", "encryption_key_file", "verify_stored", "withdraw_timeout_ms",
     "moqt_listen", "moqt_uri", "moqt_token_keys", "moqt_relay", "moqt_max_datagram_size",
-    "moqt_max_connections_per_client",
+    "moqt_max_connections_per_client", "moqt_drafts",
     "torch_tiers", "device_capacity_octets", "device", "fast_layers",
 })
 
@@ -129,13 +131,14 @@ class MoqtSettings:
     relay: str | None = None  # moqt_relay: publish through this (rack) relay; records then name it
     max_datagram_size: int = DEFAULT_MOQT_DATAGRAM_SIZE  # to non-loopback peers (loopback: 64 KiB)
     max_connections_per_client: int = DEFAULT_MOQT_CONNECTIONS_PER_CLIENT  # concurrent QUIC connections per IP
+    drafts: tuple[int, ...] | None = None  # moqt_drafts: the MOQT drafts accepted (None: every one we speak)
 
 
 def _moqt(r: ObjectReader, config: RoleConfig) -> MoqtSettings | None:
     listen = r.optional("moqt_listen", lambda n: r.str(n, max_length=300))
     uri = r.optional("moqt_uri", lambda n: r.str(n, max_length=2048))
     if listen is None and uri is None:
-        for name in ("moqt_token_keys", "moqt_max_datagram_size", "moqt_max_connections_per_client"):
+        for name in ("moqt_token_keys", "moqt_max_datagram_size", "moqt_max_connections_per_client", "moqt_drafts"):
             if r.has(name):
                 raise ValidationError(f"holder.{name}", "needs moqt_listen and moqt_uri")
         return None
@@ -165,7 +168,22 @@ def _moqt(r: ObjectReader, config: RoleConfig) -> MoqtSettings | None:
                           lambda n: r.int(n, minimum=SMALLEST_MAX_DATAGRAM_SIZE, maximum=MAX_DATAGRAM_SIZE))
     cap = _int(r, "moqt_max_connections_per_client", DEFAULT_MOQT_CONNECTIONS_PER_CLIENT, minimum=1)
     return MoqtSettings(host.strip("[]") or "127.0.0.1", port_number, uri, tuple(keys), relay,
-                        DEFAULT_MOQT_DATAGRAM_SIZE if datagram is None else datagram, cap)
+                        DEFAULT_MOQT_DATAGRAM_SIZE if datagram is None else datagram, cap, _drafts(r))
+
+
+def _drafts(r: ObjectReader) -> tuple[int, ...] | None:
+    """``moqt_drafts``: MOQT draft numbers, each one this build speaks (``moqt.profiles.PROFILES``)."""
+    if not r.has("moqt_drafts"):
+        return None
+    drafts = []
+    for member, value in r.items("moqt_drafts", max_items=16):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValidationError(member, "must be a MOQT draft number")
+        drafts.append(value)
+    try:
+        return tuple(p.draft for p in profiles_for(drafts))
+    except ValueError as exc:
+        raise ValidationError("holder.moqt_drafts", str(exc)) from exc
 
 
 def _int(r: ObjectReader, name: str, default: int, *, minimum: int) -> int:

@@ -19,11 +19,13 @@ from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfigura
 from aioquic.quic.connection import NetworkAddress
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from moqt.profiles import Profile
+from moqt.profiles.negotiation import alpns, profiles_for
 from moqt.tls import LocalCredentials, PeerTrust
 
 log = logging.getLogger(__name__)
 
-ALPN: Final = "moq-00"
+ALPN: Final = "moq-00"  # draft-14's (and every draft's before 15); later drafts' ALPN is ``moqt-NN``
 DEFAULT_PORT: Final = 443
 MAX_DATAGRAM_SIZE: Final = 65507
 """Largest usable ``max_datagram_size``: the largest UDP payload over IPv4. aioquic alone writes a STREAM
@@ -91,6 +93,11 @@ class QuicSettings:
     ``liveness_timeout_s`` for an ACK of what it sent closes: a request to a vanished peer fails
     within that bound. A server refuses a new connection at once (CONNECTION_REFUSED) from an address
     that already has ``max_connections_per_client`` (None: no cap).
+
+    Drafts (docs/moqt-drafts.md): a client offers the ALPN of every draft in ``drafts`` newest first
+    (``moqt-16``, then ``moq-00`` for draft-14), a server accepts each of them on its one port and
+    picks the newest the client offered; the connection's ``profile`` follows from the agreed ALPN.
+    ``drafts`` pins a role to some drafts (e.g. ``(14,)`` for a peer that mis-handles newer ALPNs).
     """
 
     max_datagram_size: int = 1452
@@ -114,6 +121,7 @@ class QuicSettings:
     gso: bool = False  # UDP GSO on Linux (moqt/quic/udp.py): no gain measured here (docs/moqt-performance.md)
     handshake_timeout_s: float = 10.0
     auth_timeout_s: float = 10.0  # how long a client without certificate has to present a valid token (D3)
+    drafts: tuple[int, ...] | None = None  # MOQT drafts offered (client) / accepted (server); None: every one
 
     def __post_init__(self) -> None:
         for name in ("max_datagram_size", "loopback_datagram_size"):
@@ -130,6 +138,13 @@ class QuicSettings:
             raise ValueError("max_connections_per_client must be at least 1 (or None: no cap)")
         if self.congestion_control not in ("reno", "cubic"):
             raise ValueError(f"congestion_control {self.congestion_control!r}: aioquic has reno and cubic")
+        if self.drafts is not None:
+            object.__setattr__(self, "drafts", tuple(p.draft for p in profiles_for(self.drafts)))
+
+    @property
+    def profiles(self) -> tuple[Profile, ...]:
+        """The drafts' profiles, newest first: the ALPN list a client offers and a server accepts."""
+        return profiles_for(self.drafts)
 
     def datagram_size_for(self, address: NetworkAddress) -> int:
         """The datagram size to send to ``address``: the loopback size for 127/8, ::1, ::ffff:127/104."""
@@ -168,7 +183,7 @@ class EndpointConfig:
     def quic_configuration(self, *, is_client: bool, datagram_size: int,
                            server_name: str | None = None) -> QuicConfiguration:
         s = self.settings
-        qc = QuicConfiguration(is_client=is_client, alpn_protocols=[ALPN], max_datagram_size=datagram_size,
+        qc = QuicConfiguration(is_client=is_client, alpn_protocols=alpns(s.profiles), max_datagram_size=datagram_size,
                                max_data=s.max_data, max_stream_data=s.max_stream_data,
                                congestion_control_algorithm=s.congestion_control, idle_timeout=s.idle_timeout_s,
                                server_name=server_name, max_datagram_frame_size=s.max_datagram_frame_size)

@@ -33,6 +33,7 @@ from moqt.auth import AuthError
 from moqt.errors import MoqtError
 from moqt.kinds import SessionError
 from moqt.profiles import DRAFT_14, Profile
+from moqt.profiles.negotiation import profile_for_alpn
 from moqt.quic.aioquic_hooks import (
     HookedQuicConnection,
     ack_eliciting_in_flight,
@@ -125,7 +126,8 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
         self._endpoint, self._factory, self._on_event = endpoint, session_factory, on_event
         self._expected_identity = expected_identity
         self._session: SessionLike[E] | None = None
-        # The draft the handshake chose numbers this connection's closes; draft-14 is the only one yet.
+        # The draft the handshake's ALPN chose (set at HandshakeCompleted): the session speaks it and it
+        # numbers this connection's closes; draft-14 numbers a close before the handshake has completed.
         self.profile: Profile = DRAFT_14
         self._timed: TimedSession[E] | None = None
         self._pending: list[qe.QuicEvent] = []
@@ -357,6 +359,8 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
 
     def _handshake_completed(self) -> None:
         """Authenticate the peer, then create the session and replay what arrived before it."""
+        if not self._choose_profile():
+            return
         try:
             self._authenticate_peer()
             self._session = self._factory(self)
@@ -382,6 +386,21 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
         self._start_liveness()
         if not self._ready.done():
             self._ready.set_result(None)
+
+    def _choose_profile(self) -> bool:
+        """The session's draft from the agreed ALPN; none (a server that ignored our list): close."""
+        alpn = self.quic.tls.alpn_negotiated
+        profile = profile_for_alpn(alpn, self.config.settings.profiles)
+        if profile is None:
+            log.info("MOQT peer %s: no MOQT draft agreed (ALPN %r)", address_text(self.address), alpn,
+                     extra={"kvsp_peer": "moqt.no-draft"})
+            self._rejected = True
+            self._fail_ready(ConnectionError(f"no MOQT draft agreed (ALPN {alpn!r})"))
+            self.close(SessionError.PROTOCOL_VIOLATION, "no MOQT draft agreed")
+            return False
+        self.profile = profile
+        log.debug("MOQT peer %s: draft-%d (ALPN %s)", address_text(self.address), profile.draft, alpn)
+        return True
 
     def _refuse_certificate(self, exc: PeerCertificateError) -> None:
         """A certificate we reject: a transport close carrying the TLS alert (moqt/quic/refusal.py)."""

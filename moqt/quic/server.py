@@ -16,7 +16,7 @@ from aioquic.quic.packet import QuicHeader, QuicPacketType, encode_quic_version_
 from moqt.kinds import SessionError
 from moqt.quic.aioquic_hooks import HookedQuicConnection
 from moqt.quic.config import EndpointConfig
-from moqt.quic.connection import E, EventHandler, MoqtConnection, SessionFactory
+from moqt.quic.connection import E, EventHandler, MoqtConnection, SessionFactory, SessionLike
 from moqt.quic.endpoint import UdpEndpoint
 from moqt.quic.refusal import address_text, connection_refused
 from moqt.quic.udp import udp_socket
@@ -49,8 +49,21 @@ class MoqtServer(UdpEndpoint, Generic[E]):
         self._peer_of: dict[MoqtConnection[E], str] = {}
         self._per_peer: dict[str, int] = {}
         self.refused = 0
+        #: Sessions started, by the draft their ALPN agreed (metrics: which drafts clients speak).
+        self.sessions_by_draft: dict[int, int] = {}
         self._all_closed = asyncio.Event()
         self._all_closed.set()
+
+    def _counted(self, conn: MoqtConnection[E]) -> SessionLike[E]:
+        session = self._factory(conn)
+        draft = conn.profile.draft
+        self.sessions_by_draft[draft] = self.sessions_by_draft.get(draft, 0) + 1
+        return session
+
+    @property
+    def drafts(self) -> tuple[int, ...]:
+        """The drafts this listener accepts, newest first."""
+        return tuple(p.draft for p in self.config.settings.profiles)
 
     @property
     def port(self) -> int:
@@ -90,7 +103,7 @@ class MoqtServer(UdpEndpoint, Generic[E]):
                                     ack_delay_s=self.config.settings.ack_delay_s,
                                     max_flight_bytes=self.config.settings.max_flight_bytes)
         quic.request_client_certificate = True
-        conn = MoqtConnection(quic, self, address, self.config, self._factory, on_event=self._on_event)
+        conn = MoqtConnection(quic, self, address, self.config, self._counted, on_event=self._on_event)
         self._routes[original_cid] = self._routes[quic.host_cid] = conn
         self.connections.add(conn)
         peer = self._peer_of[conn] = str(address[0])

@@ -38,6 +38,7 @@ from moqt.messages import (
 )
 from moqt.params import ResolvedToken, SetupParameters
 from moqt.profiles import DRAFT_14, Profile
+from moqt.profiles.negotiation import profile_for_alpn
 from moqt.session.data_streams import DataReceiver
 from moqt.session.inbound import ControlHandler
 from moqt.session.outbound import RequestApi
@@ -51,11 +52,18 @@ Role = Literal["client", "server"]
 _PV: Final = SessionError.PROTOCOL_VIOLATION
 
 
+def _negotiated_profile(quic: QuicConnection) -> Profile:
+    """The draft the handshake's ALPN agreed (``moqt-NN``); draft-14 (``moq-00``) when none is known yet."""
+    tls = getattr(quic, "tls", None)
+    return profile_for_alpn(getattr(tls, "alpn_negotiated", None)) or DRAFT_14
+
+
 class MoqtSession(RequestApi, ObjectApi):
     """One MOQT session on one QUIC connection.
 
     :param quic: the connection (ALPN ``profile.alpn``, QUIC DATAGRAM negotiated).
     :param role: ``"client"`` or ``"server"``; must match ``quic.configuration.is_client``.
+    :param profile: the draft to speak; None: the one the QUIC handshake's ALPN agreed (draft-14 if none).
     :param path: client: the PATH setup parameter; server: the only PATH accepted (None: any).
     :param authority: client: the AUTHORITY parameter; server: the only AUTHORITY accepted when sent.
     :param setup_parameters: extra setup parameters (tokens, implementation name); the session sets
@@ -67,7 +75,7 @@ class MoqtSession(RequestApi, ObjectApi):
     :param max_auth_token_cache_size: octets of token aliases the peer may register with us (0: none).
     """
 
-    def __init__(self, quic: QuicConnection, *, role: Role | None = None, profile: Profile = DRAFT_14,
+    def __init__(self, quic: QuicConnection, *, role: Role | None = None, profile: Profile | None = None,
                  path: str | None = None, authority: str | None = None,
                  setup_parameters: SetupParameters | None = None, supported_versions: Sequence[int] | None = None,
                  request_window: int = 100, auto_grant_requests: bool = True, auto_accept: bool = True,
@@ -77,6 +85,7 @@ class MoqtSession(RequestApi, ObjectApi):
         if role is not None and (role == "client") != is_client:
             raise ValueError(f"role {role!r} does not match the QUIC connection")
         limits = limits or SessionLimits()
+        profile = profile or _negotiated_profile(quic)
         local_first = profile.client_first_request_id if is_client else profile.server_first_request_id
         peer_first = profile.server_first_request_id if is_client else profile.client_first_request_id
         ids = RequestIds(local_first=local_first, peer_first=peer_first, window=request_window,
