@@ -76,7 +76,7 @@ def full_sections() -> list[Section]:
                       encryption_key_file="storage.key", verify_stored=False, withdraw_timeout_ms=500,
                       moqt_listen="127.0.0.1:4433", moqt_uri=moqt, moqt_token_keys=["issuer.pub.pem"],
                       moqt_relay="moqt://127.0.0.1:4443/relay", moqt_max_datagram_size=1400, torch_tiers=False,
-                      moqt_max_connections_per_client=8,
+                      moqt_max_connections_per_client=8, moqt_drafts=[14],
                       device_capacity_octets=0, device="cpu", fast_layers=1),
         PcSection(index=PC, scope_keys={SCOPE.hex(): "scope.key"}, descriptors=["model.json"], min_active=2,
                   status_check_interval_ms=100, mean_service_ms=1.5, call_timeout_ms=2000, resume_timeout_ms=20_000,

@@ -96,6 +96,7 @@ class HolderSection:
     moqt_relay: str | None = None
     moqt_max_datagram_size: int | None = None
     moqt_max_connections_per_client: int | None = None
+    moqt_drafts: Sequence[int] | None = None
     torch_tiers: bool | None = None
     device_capacity_octets: int | None = None
     device: str | None = None
