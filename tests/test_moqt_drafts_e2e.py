@@ -89,6 +89,10 @@ async def test_one_block_is_the_same_over_every_draft_and_https(tmp_path: Path) 
                 assert _drafts(client) == {draft}
             server = _holder_server(holder_app)
             assert server.sessions_by_draft == {d: 1 for d in DRAFTS}  # one session per client, each its draft
+            async with session.http.get(holder + "metrics") as response:
+                exposition = await response.text()
+            for draft in DRAFTS:  # and the operator sees it
+                assert f'kvsp_holder_moqt_sessions_total{{draft="{draft}"}} 1.0' in exposition
     finally:
         for client in clients.values():
             await client.close()

@@ -38,6 +38,7 @@ from kvsp.identifiers import TrackNamespace, role_id
 from kvsp.moqt_binding import BLOCK_GROUP, kvsp_authorizer, kvsp_token_rule, layer_object, layer_range_of, track_name
 from kvsp.records import ReplicaRecord
 from kvsp.service.config import RoleConfig
+from kvsp.service.metrics import MoqtSessionsCollector, metrics_of
 from kvsp.service.tokens import load_token_key
 from moqt.api import MoqtObject, Publisher, PublisherSettings, StoredTrack, UpstreamLink
 from moqt.errors import MoqtError
@@ -180,6 +181,7 @@ class HolderMoqt:
         port = await self.publisher.listen(self.settings.host, self.settings.port, config)
         log.info("serving blocks over MOQT on %s:%d as %s (drafts %s)", self.settings.host, port, self.uri,
                  ", ".join(str(p.draft) for p in config.settings.profiles))
+        metrics_of(app).registry.register(MoqtSessionsCollector("kvsp_holder", lambda: self.publisher.server))
         if self.settings.relay is not None:
             self.relay_link = UpstreamLink(self.publisher, self.settings.relay, config)
             for compat_id in self.holder.settings.descriptors:

@@ -6,10 +6,16 @@ other client.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from moqt.quic import MoqtServer
 
 
 @dataclass(slots=True)
@@ -44,3 +50,23 @@ def metrics_of(app: web.Application) -> Metrics:
 async def metrics_handler(request: web.Request) -> web.Response:
     body = request.app[METRICS].exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+class MoqtSessionsCollector:
+    """``{prefix}_moqt_sessions_total{draft}``: MOQT sessions a role's listener started, by the draft
+    their ALPN agreed (read from ``moqt.quic.MoqtServer.sessions_by_draft`` at scrape time), so an
+    operator sees which drafts the clients speak before retiring one. Every accepted draft has a
+    series from the start (0)."""
+
+    def __init__(self, prefix: str, server: Callable[[], MoqtServer[Any] | None]) -> None:
+        self.prefix, self.server = prefix, server
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(f"{self.prefix}_moqt_sessions", "MOQT sessions started, by draft",
+                                     labels=("draft",))
+        server = self.server()
+        if server is not None:
+            counts = dict.fromkeys(server.drafts, 0) | server.sessions_by_draft
+            for draft, n in sorted(counts.items()):
+                family.add_metric((str(draft),), n)
+        yield family
