@@ -93,7 +93,7 @@ def full_sections() -> list[Section]:
                         pc_timeout_ms=1000, load_timeout_ms=2000, final_ack_timeout_ms=3000,
                         finished_retention_ms=4000, prefetch_concurrency=2, memory_blocks_octets=1 << 20,
                         max_maps=4, test_prefill_us_per_token=10, test_decode_us_per_token=20,
-                        moqt_object_timeout_ms=5000, fetch_concurrency=3, hf_chunk_tokens=4),
+                        moqt_object_timeout_ms=5000, fetch_concurrency=3, hf_chunk_tokens=4, moqt_drafts=[16]),
         RelaySection(listen="127.0.0.1:4443", uri="moqt://127.0.0.1:4443/relay",
                      upstream=["moqt://127.0.0.1:4444/spine"], peers=[H1], open_prefixes=["interop"],
                      cache_octets=1 << 20, cache_ttl_s=30.0, subscriber_buffer_octets=1 << 16,

@@ -209,12 +209,16 @@ def test_the_loading_settings(tmp_path: Path) -> None:
     assert chosen.engine == f"hf:{tmp_path / 'm'}" and chosen.limits.fetch_concurrency == 32
     assert chosen.moqt_relay is None
     assert _settings(tmp_path, moqt_fetch=True, moqt_relay="moqt://r:1/relay").moqt_relay == "moqt://r:1/relay"
+    assert chosen.moqt_drafts is None  # every draft, newest first
+    assert _settings(tmp_path, moqt_fetch=True, moqt_drafts=[14, 16]).moqt_drafts == (16, 14)
     for bad, member in (({"layerwise": "yes"}, "instance.layerwise"), ({"layerwise": 1}, "instance.layerwise"),
                          ({"engine": "hf:"}, "instance.engine"),
                         ({"engine": "hf:nowhere"}, "instance.engine"), ({"engine": "vllm"}, "instance.engine"),
                         ({"fetch_concurrency": 0}, "instance.fetch_concurrency"),
                         ({"moqt_relay": "moqt://127.0.0.1:4443/relay"}, "instance.moqt_relay"),  # no moqt_fetch
-                        ({"moqt_fetch": True, "moqt_relay": "https://r/"}, "instance.moqt_relay")):
+                        ({"moqt_fetch": True, "moqt_relay": "https://r/"}, "instance.moqt_relay"),
+                        ({"moqt_drafts": [14]}, "instance.moqt_drafts"),  # no moqt_fetch
+                        ({"moqt_fetch": True, "moqt_drafts": [15]}, "instance.moqt_drafts")):
         with pytest.raises(ValidationError) as caught:
             _settings(tmp_path, **bad)
         assert caught.value.member == member

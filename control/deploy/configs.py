@@ -178,6 +178,7 @@ class InstanceSection:
     test_prefill_us_per_token: int | None = None
     test_decode_us_per_token: int | None = None
     moqt_object_timeout_ms: int | None = None
+    moqt_drafts: Sequence[int] | None = None
     fetch_concurrency: int | None = None
     hf_chunk_tokens: int | None = None
 

@@ -45,7 +45,7 @@ from kvsp.numbers import parse_decimal
 from kvsp.reader import ObjectReader
 from kvsp.records.base import MAX_SAFE_INT
 from kvsp.service.config import RoleConfig
-from moqt.profiles.negotiation import profiles_for
+from kvsp.service.moqt_config import read_drafts
 from moqt.quic import MAX_DATAGRAM_SIZE, MoqtUri, QuicSettings
 
 DEFAULT_REPLICA_TTL_MS: Final = 120_000
@@ -168,22 +168,8 @@ def _moqt(r: ObjectReader, config: RoleConfig) -> MoqtSettings | None:
                           lambda n: r.int(n, minimum=SMALLEST_MAX_DATAGRAM_SIZE, maximum=MAX_DATAGRAM_SIZE))
     cap = _int(r, "moqt_max_connections_per_client", DEFAULT_MOQT_CONNECTIONS_PER_CLIENT, minimum=1)
     return MoqtSettings(host.strip("[]") or "127.0.0.1", port_number, uri, tuple(keys), relay,
-                        DEFAULT_MOQT_DATAGRAM_SIZE if datagram is None else datagram, cap, _drafts(r))
-
-
-def _drafts(r: ObjectReader) -> tuple[int, ...] | None:
-    """``moqt_drafts``: MOQT draft numbers, each one this build speaks (``moqt.profiles.PROFILES``)."""
-    if not r.has("moqt_drafts"):
-        return None
-    drafts = []
-    for member, value in r.items("moqt_drafts", max_items=16):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ValidationError(member, "must be a MOQT draft number")
-        drafts.append(value)
-    try:
-        return tuple(p.draft for p in profiles_for(drafts))
-    except ValueError as exc:
-        raise ValidationError("holder.moqt_drafts", str(exc)) from exc
+                        DEFAULT_MOQT_DATAGRAM_SIZE if datagram is None else datagram, cap,
+                        read_drafts(r, "moqt_drafts", "holder"))
 
 
 def _int(r: ObjectReader, name: str, default: int, *, minimum: int) -> int:

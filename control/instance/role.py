@@ -40,7 +40,7 @@ from kvsp.client.fetch import BlockFetcher, ClientStats, FetchOptions
 from kvsp.client.holder import HolderClient
 from kvsp.client.http import KvspSession
 from kvsp.client.index import IndexClient
-from kvsp.client.moqt import MoqtBlockClient, MoqtClientOptions
+from kvsp.client.moqt import BLOCK_CLIENT_QUIC, MoqtBlockClient, MoqtClientOptions
 from kvsp.container import Geometry
 from kvsp.errors import ValidationError
 from kvsp.service.app import Clock
@@ -142,7 +142,8 @@ class InstanceRole:
         if tls is None:
             raise ValidationError("instance.moqt_fetch", "needs [tls]: MOQT peers authenticate mutually (D3)")
         options = MoqtClientOptions(object_timeout_s=self.settings.limits.moqt_object_timeout_ms / 1000)
-        return MoqtBlockClient.from_files(tls.cert, tls.key, tls.ca, options=options)
+        settings = dataclasses.replace(BLOCK_CLIENT_QUIC, drafts=self.settings.moqt_drafts)
+        return MoqtBlockClient.from_files(tls.cert, tls.key, tls.ca, options=options, settings=settings)
 
     def _live_source(self, app: web.Application) -> LiveSource | None:
         """``publish_live``: computed blocks go out on this process's holder's MOQT listener."""

@@ -40,6 +40,7 @@
                                              # is something to overlap (docs/instance.md)
     moqt_fetch = false                       # read moqt:// replicas over MOQT (certificate of [tls]), else HTTPS
     moqt_object_timeout_ms = 10000           # MOQT: the longest wait for one object (a stalled publisher)
+    moqt_drafts = [16, 14]                   # optional, with moqt_fetch: MOQT drafts offered (default: every one)
     moqt_relay = "moqt://127.0.0.1:4443/relay"  # optional, with moqt_fetch: the own rack's relay; every moqt
                                              # replica is read through it (decision D4)
     publish_live = false                     # prefill: publish computed blocks layer by layer over the
@@ -65,6 +66,7 @@ from kvsp.reader import ObjectReader
 from kvsp.records import Link
 from kvsp.records.base import MAX_SAFE_INT, check_uri
 from kvsp.service.config import RoleConfig
+from kvsp.service.moqt_config import read_drafts
 from kvsp.service.policy import ANY
 from moqt.quic import MoqtUri
 
@@ -106,7 +108,8 @@ _MINIMUM: Final[Mapping[str, int]] = {"vocab_size": 2, "status_ttl_ms": 3, "fini
 _INTS: Final = tuple(f.name for f in fields(Limits))
 _FLAGS: Final = ("moqt_fetch", "publish_live")
 KNOWN_KEYS: Final = frozenset({"pc", "index", "engine", "descriptors", "scope_keys", "replicate_to", "peers",
-                               "idle_for_s", "links", "moqt_relay", "layerwise", *_FLAGS, *_INTS})
+                               "idle_for_s", "links", "moqt_relay", "moqt_drafts", "layerwise", *_FLAGS,
+                               *_INTS})
 MAX_LINKS: Final = 256
 
 
@@ -147,6 +150,7 @@ class InstanceSettings:
     moqt_fetch: bool = False
     publish_live: bool = False
     moqt_relay: str | None = None
+    moqt_drafts: tuple[int, ...] | None = None  # None: offer every draft this build speaks, newest first
 
     def may_read_shards(self, identity: str) -> bool:
         return identity in self.peers or ANY in self.peers
@@ -179,7 +183,14 @@ class InstanceSettings:
             moqt_fetch=flags["moqt_fetch"] is True,
             publish_live=flags["publish_live"] is True,
             moqt_relay=_moqt_relay(r, flags["moqt_fetch"] is True),
+            moqt_drafts=_moqt_drafts(r, flags["moqt_fetch"] is True),
         )
+
+
+def _moqt_drafts(r: ObjectReader, moqt_fetch: bool) -> tuple[int, ...] | None:
+    if r.has("moqt_drafts") and not moqt_fetch:
+        raise ValidationError(r.member("moqt_drafts"), "needs moqt_fetch = true")
+    return read_drafts(r, "moqt_drafts", "instance")
 
 
 def _moqt_relay(r: ObjectReader, moqt_fetch: bool) -> str | None:
