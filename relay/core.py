@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
 
 from moqt.kinds import PublishDoneStatus
+from moqt.profiles import Profile
 from moqt.tracks import MoqtObject, fetch_stop
 from moqt.wire import VARINT_MAX, Location, Namespace
 
@@ -210,6 +211,7 @@ class TrackEnd:
 
     status: PublishDoneStatus | int | None = None
     reason: str = ""
+    source: Profile | None = None  # the upstream's draft: a bare code is passed on only to the same draft
 
 
 QueueItem = MoqtObject | TrackEnd

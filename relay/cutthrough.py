@@ -21,6 +21,7 @@ which bounds what the relay holds for it (`moqt.api.ReceiveBufferFull` ends the 
 from __future__ import annotations
 
 from moqt.api import Endpoint, Link
+from moqt.api.drafts import writable_status
 from moqt.errors import MoqtError
 from moqt.events import ObjectChunkReceived
 from moqt.messages import FetchOk
@@ -59,6 +60,8 @@ class CutThrough:
         """One upstream piece (called synchronously from the upstream session's event handling)."""
         if event.offset == 0:
             self._first_piece()
+            if not writable_status(self._downstream.session.profile, event.status, fetch=True):
+                self._forwarding = False  # a marker the downstream's draft cannot carry on a fetch stream
         stream = self.stream
         if not self._forwarding or stream is None:
             return
@@ -108,8 +111,11 @@ class CutThrough:
 
     def _send_whole(self, obj: MoqtObject) -> None:
         assert self.stream is not None
-        self._downstream.session.send_fetch_object(self.stream, obj.group, obj.subgroup, obj.object_id, obj.payload,
-                                                   extensions=obj.extensions, status=obj.status)
+        session = self._downstream.session
+        if not writable_status(session.profile, obj.status, fetch=True):
+            return  # END_OF_GROUP / END_OF_TRACK: FETCH_OK's End Location and the FIN say it downstream
+        session.send_fetch_object(self.stream, obj.group, obj.subgroup, obj.object_id, obj.payload,
+                                  extensions=obj.extensions, status=obj.status)
 
 
 def flush(link: Link) -> None:

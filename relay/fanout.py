@@ -25,9 +25,12 @@ from moqt.api import (
     SubscriptionEnded,
     TransferError,
 )
+from moqt.api.drafts import done_status, writable_status
+from moqt.api.live import abandon
 from moqt.errors import LocalError
 from moqt.kinds import PublishDoneStatus, StreamReset
 from moqt.messages import SubscribeOk
+from moqt.profiles import Profile
 from moqt.tracks import NORMAL_END, GroupLog
 from moqt.wire import Location
 from relay.core import QueueItem, RelayStats, SendQueue, TrackEnd, TrackKey, objects_from
@@ -80,11 +83,13 @@ class Downstream:
                     await self._wake.wait()
                     continue
                 if isinstance(item, TrackEnd):
-                    self._end(item.status, item.reason)
+                    self._end(done_status(session.profile, item.status, source=item.source), item.reason)
                     return
                 if self.end_group is not None and item.group > self.end_group:
                     self._end(PublishDoneStatus.SUBSCRIPTION_ENDED, "")
                     return
+                if not writable_status(session.profile, item.status, fetch=False):
+                    continue  # a status this subscriber's draft has no code for (a gap says it there)
                 if self.group != item.group:
                     self._finish_stream()
                     self.stream = session.open_subgroup(self.request_id, item.group, end_of_group=True,
@@ -99,6 +104,10 @@ class Downstream:
                 self.stats.sent(item)
         except (LocalError, ConnectionError):
             pass  # the subscriber left (UNSUBSCRIBE, STOP_SENDING) or its session ended
+        except asyncio.CancelledError:
+            abandon(self.endpoint, self.stream)  # PUBLISH_DONE (an UPDATE_FAILED) may follow only then
+            self.stream = None
+            raise
 
     async def _drain(self, stream: int) -> bool:
         """Wait for room on the stream; False when the subscriber was found too far behind meanwhile
@@ -146,6 +155,7 @@ class RelayTrack:
         self.ended: TrackEnd | None = None
         self.task: asyncio.Task[None] | None = None
         self.persistent = False  # fed by a PUBLISH: kept without subscribers
+        self.source: Profile | None = None  # the upstream session's draft, once started
         self._on_done = on_done
 
     @property
@@ -158,6 +168,7 @@ class RelayTrack:
         return max(own, theirs)
 
     def start(self, objects: ObjectStream) -> None:
+        self.source = objects.endpoint.session.profile
         self.task = asyncio.get_running_loop().create_task(self._pump(objects))
 
     async def _pump(self, objects: ObjectStream) -> None:
@@ -173,7 +184,7 @@ class RelayTrack:
             self._refuse(exc)
             end = TrackEnd(PublishDoneStatus.INTERNAL_ERROR, exc.reason)
         except SubscriptionEnded as exc:
-            end = TrackEnd(exc.status, exc.reason)
+            end = TrackEnd(exc.status, exc.reason, self.source)
         except (TransferError, TimeoutError) as exc:
             log.info("upstream of %r lost: %s", self.key[1], exc)
             self._refuse(exc)

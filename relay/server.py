@@ -46,9 +46,10 @@ from moqt.api import (
     TransferError,
     token_namespaces,
 )
+from moqt.api.drafts import refusal, refuse_fetch, refuse_subscribe, writable_status
 from moqt.errors import LocalError, MoqtError
 from moqt.events import SetupRequested
-from moqt.kinds import FilterType, GroupOrder, RequestError, SessionError, StreamReset
+from moqt.kinds import FilterType, GroupOrder, MessageKind, RequestError, SessionError, StreamReset
 from moqt.messages import (
     ControlMessage,
     Fetch,
@@ -67,6 +68,7 @@ from moqt.wire import Location, Namespace
 from relay.core import NamespaceTable, ObjectCache, RelayStats, TrackKey, is_prefix
 from relay.cutthrough import CutThrough, ForwardingAssembler, flush
 from relay.fanout import Downstream, RelayTrack, serve_downstream
+from relay.namespaces import NamespaceWatch
 from relay.settings import RelaySettings
 
 log = logging.getLogger("kvsp.relay")
@@ -89,7 +91,7 @@ class Relay(Publisher):
         self.tracks: dict[TrackKey, RelayTrack] = {}
         self.draining = False
         self._clock = clock
-        self._namespace_subscribers: list[tuple[Namespace, Endpoint]] = []
+        self._namespace_subscribers: list[NamespaceWatch] = []
         self._flights: dict[FlightKey, asyncio.Future[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
 
@@ -156,6 +158,8 @@ class Relay(Publisher):
         session.finish_stream(stream)
 
     async def _send_fetch_object(self, endpoint: Endpoint, stream: int, obj: MoqtObject) -> None:
+        if not writable_status(endpoint.session.profile, obj.status, fetch=True):
+            return  # a marker cached from an older draft's upstream: FETCH_OK and the FIN say it here
         await endpoint.link.drain(stream)
         endpoint.session.send_fetch_object(stream, obj.group, obj.subgroup, obj.object_id, obj.payload,
                                            extensions=obj.extensions, status=obj.status)
@@ -218,7 +222,8 @@ class Relay(Publisher):
         except FetchRefused as exc:
             if exc.not_found and not last:
                 return False
-            session.fetch_error(request_id, exc.error, exc.reason)
+            refuse_fetch(session, request_id, exc.error, exc.reason, start=request.start,
+                         source=upstream.session.profile)
             return True
         except (TransferError, TimeoutError) as exc:
             log.info("upstream FETCH failed: %s", exc)
@@ -263,8 +268,8 @@ class Relay(Publisher):
                 return
             try:
                 await asyncio.shield(track.ready)
-            except SubscribeRefused as exc:  # the publisher's answer, passed on as it is
-                session.subscribe_error(request_id, exc.error, exc.reason)
+            except SubscribeRefused as exc:  # the publisher's answer, in this subscriber's draft
+                refuse_subscribe(session, request_id, exc.error, exc.reason, source=track.source)
                 return
             except (MoqtError, TimeoutError):
                 session.subscribe_error(request_id, RequestError.INTERNAL_ERROR,
@@ -311,17 +316,22 @@ class Relay(Publisher):
             case PublishNamespaceDone(track_namespace=namespace):
                 if self.table.remove(namespace, endpoint):
                     self._withdraw([namespace])
-            case SubscribeNamespace(request_id=request_id, track_namespace_prefix=prefix):
-                self._on_subscribe_namespace(endpoint, request_id, prefix)
+            case SubscribeNamespace():
+                self._on_subscribe_namespace(endpoint, message)
             case UnsubscribeNamespace(track_namespace_prefix=prefix):
-                with contextlib.suppress(ValueError):
-                    self._namespace_subscribers.remove((prefix, endpoint))
+                self._namespace_subscribers = [n for n in self._namespace_subscribers
+                                               if (n.prefix, n.endpoint) != (prefix, endpoint)]
             case Publish():
                 self._on_publish(endpoint, message)
             case _:
                 return False
         endpoint.link.transmit_soon()
         return True
+
+    @property
+    def namespace_watches(self) -> list[NamespaceWatch]:
+        """The accepted SUBSCRIBE_NAMESPACEs, in arrival order."""
+        return list(self._namespace_subscribers)
 
     def _on_publish_namespace(self, endpoint: Endpoint, request_id: int, namespace: Namespace) -> None:
         session = endpoint.session
@@ -337,9 +347,9 @@ class Relay(Publisher):
         session.publish_namespace_ok(request_id)
         self.stats.publishers = self.table.owner_count()
         self._spawn(self._announce_upstream(namespace))
-        for prefix, subscriber in list(self._namespace_subscribers):
-            if subscriber is not endpoint and is_prefix(prefix, namespace):
-                self._tell(subscriber, namespace)
+        for watch in list(self._namespace_subscribers):
+            if watch.endpoint is not endpoint and is_prefix(watch.prefix, namespace):
+                self._tell(watch, namespace)
 
     async def _announce_upstream(self, namespace: Namespace) -> None:
         try:
@@ -356,24 +366,33 @@ class Relay(Publisher):
                 with contextlib.suppress(MoqtError):
                     upstream.session.publish_namespace_done(namespace)
                     upstream.link.transmit_soon()
+            for watch in self._namespace_subscribers:
+                if is_prefix(watch.prefix, namespace):
+                    watch.withdrawn(namespace)
 
-    def _on_subscribe_namespace(self, endpoint: Endpoint, request_id: int, prefix: Namespace) -> None:
+    def _on_subscribe_namespace(self, endpoint: Endpoint, message: SubscribeNamespace) -> None:
+        session, request_id, prefix = endpoint.session, message.request_id, message.track_namespace_prefix
+        kind = MessageKind.SUBSCRIBE_NAMESPACE_ERROR
         if endpoint.link.peer_identity is None:
-            endpoint.session.subscribe_namespace_error(request_id, RequestError.UNAUTHORIZED,
-                                                       "not authenticated")
+            session.subscribe_namespace_error(request_id, refusal(session.profile, kind, RequestError.UNAUTHORIZED),
+                                              "not authenticated")
             return
-        endpoint.session.subscribe_namespace_ok(request_id)
-        self._namespace_subscribers.append((prefix, endpoint))
+        if any(w.endpoint is endpoint and (is_prefix(w.prefix, prefix) or is_prefix(prefix, w.prefix))
+               for w in self._namespace_subscribers):  # "cannot make overlapping namespace subscriptions"
+            session.subscribe_namespace_error(
+                request_id, refusal(session.profile, kind, RequestError.NAMESPACE_PREFIX_OVERLAP),
+                "overlaps a namespace subscription of this session")
+            return
+        session.subscribe_namespace_ok(request_id)
+        watch = NamespaceWatch(endpoint, request_id, prefix, message.options)
+        self._namespace_subscribers.append(watch)
         for namespace in self.table.under(prefix):
-            self._tell(endpoint, namespace)
+            self._tell(watch, namespace)
 
-    def _tell(self, subscriber: Endpoint, namespace: Namespace) -> None:
-        """PUBLISH_NAMESPACE to a namespace subscriber that may read it (others never learn of it)."""
-        if not self.allowed(subscriber, namespace, Action.SUBSCRIBE):
-            return
-        with contextlib.suppress(MoqtError):
-            subscriber.session.publish_namespace(namespace)
-            subscriber.link.transmit_soon()
+    def _tell(self, watch: NamespaceWatch, namespace: Namespace) -> None:
+        """A published namespace, to a namespace subscriber that may read it (others never learn of it)."""
+        if self.allowed(watch.endpoint, namespace, Action.SUBSCRIBE):
+            watch.published(namespace)
 
     def _on_publish(self, endpoint: Endpoint, message: Publish) -> None:
         """A publisher pushes one track: accepted from its owner, relayed like an upstream subscription."""
@@ -414,7 +433,7 @@ class Relay(Publisher):
         super().on_closed(endpoint)
         self._withdraw(self.table.remove_owner(endpoint))
         self.stats.publishers = self.table.owner_count()
-        self._namespace_subscribers = [(p, e) for p, e in self._namespace_subscribers if e is not endpoint]
+        self._namespace_subscribers = [w for w in self._namespace_subscribers if w.endpoint is not endpoint]
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

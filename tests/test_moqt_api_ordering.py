@@ -18,8 +18,10 @@ from moqt.api.memory import MemoryNet
 from moqt.events import ControlMessageReceived, MoqtEvent, SetupRequested
 from moqt.kinds import PublishDoneStatus, RequestError, StreamReset
 from moqt.messages import Fetch, Subscribe
+from moqt.profiles import Profile
 from moqt.session import MoqtSession
 from moqt.wire import Location
+from tests.support.drafts import DRAFTS
 
 NAMESPACE = (b"kvsp", b"ordering")
 PAYLOADS = [bytes([i]) * (1000 + i) for i in range(3)]
@@ -87,14 +89,15 @@ class Peers:
         self.net.pump()
 
 
-async def connected(answer: Answer) -> Peers:
-    net, finish = MemoryNet(), list[Finish]()
+async def connected(answer: Answer, profile: Profile) -> Peers:
+    net, finish = MemoryNet(profile=profile), list[Finish]()
     serve(net, answer, finish)
     return Peers(net, await net.subscriber(), finish)
 
 
-async def test_fetch_objects_before_a_reset_come_first() -> None:
-    peers = await connected(fetch_then_reset)
+@DRAFTS
+async def test_fetch_objects_before_a_reset_come_first(profile: Profile) -> None:
+    peers = await connected(fetch_then_reset, profile)
     received: list[bytes] = []
     async with peers.sub.fetch(NAMESPACE, b"t", Location(0, 0), Location(0, 4)) as objects:
         peers.exchange()
@@ -107,9 +110,10 @@ async def test_fetch_objects_before_a_reset_come_first() -> None:
     assert caught.value.error is StreamReset.INTERNAL_ERROR
 
 
+@DRAFTS
 @pytest.mark.parametrize("answer", [subscribe_then_reset, subscribe_then_fail])
-async def test_subscribe_objects_before_an_error_come_first(answer: Answer) -> None:
-    peers = await connected(answer)
+async def test_subscribe_objects_before_an_error_come_first(answer: Answer, profile: Profile) -> None:
+    peers = await connected(answer, profile)
     received: list[bytes] = []
     async with peers.sub.subscribe(NAMESPACE, b"t") as objects:
         peers.exchange()
@@ -121,11 +125,12 @@ async def test_subscribe_objects_before_an_error_come_first(answer: Answer) -> N
     assert received == PAYLOADS
 
 
-async def test_an_error_before_any_ok_is_still_raised_by_answered() -> None:
+@DRAFTS
+async def test_an_error_before_any_ok_is_still_raised_by_answered(profile: Profile) -> None:
     def refuse(session: MoqtSession, message: Fetch | Subscribe) -> None:
-        session.fetch_error(message.request_id, RequestError.NO_OBJECTS, "nothing there")
+        session.fetch_error(message.request_id, RequestError.TRACK_DOES_NOT_EXIST, "nothing there")
 
-    peers = await connected(refuse)
+    peers = await connected(refuse, profile)
     async with peers.sub.fetch(NAMESPACE, b"t", Location(0, 0), Location(0, 4)) as objects:
         peers.exchange()
         with pytest.raises(FetchRefused):

@@ -27,7 +27,7 @@ from control.holder.settings import HolderSettings
 from kvsp.client.fetch import BlockFetcher, FetchOptions, Outcome
 from kvsp.client.holder import BlockMiss, HolderClient
 from kvsp.client.http import KvspSession, TransportError
-from kvsp.client.moqt import MoqtBlockClient, MoqtRefusedError
+from kvsp.client.moqt import MoqtBlockClient, MoqtClientOptions, MoqtRefusedError
 from kvsp.client.ranking import HTTPS_AND_MOQT, LinkTable, rank_replicas
 from kvsp.client.verify import ReplicaDigestMismatchError
 from kvsp.container import Geometry, LayerDigestMismatchError, LayerRange, decode_container, encode_container
@@ -53,10 +53,15 @@ from kvsp.registry import Codec, Tier
 from kvsp.service.config import RoleConfig
 from kvsp.service.policy import Policy, ScopeGrant
 from moqt.api import Action, MemoryTrackSource, MoqtObject, Publisher, PublisherSettings, StoredTrack
+from moqt.api.memory import MemoryNet
 from moqt.auth import issue_token, verify_token
 from moqt.kinds import RequestError
+from moqt.profiles import PROFILES, Profile
 from moqt.quic import EndpointConfig, QuicSettings
+from moqt.testing import make_test_certificate
+from moqt.tls import PeerTrust
 from moqt.wire import Location, Namespace
+from tests.support.drafts import DRAFTS
 from tests.support.servers import role_config, running
 
 T = 30.0
@@ -423,6 +428,63 @@ async def test_bad_moqt_publisher_falls_back_to_https(deployment: Deployment, va
     assert [a.outcome for a in result.attempts] == [expected, Outcome.LOADED]
     assert result.loaded_blocks == 1 and result.blocks[0].replica.holder == https.holder
     assert bytes(result.blocks[0].container.data) == container(4)[decode_container(container(4)).header_length:]
+
+
+# -- every draft, in memory (issue 18 item 3) -------------------------------------------------------------
+async def _memory_client(publisher: Publisher, profile: Profile, uri: str) -> MoqtBlockClient:
+    """A block client whose session to ``uri`` is an in-memory pair at ``profile``'s draft."""
+    net = MemoryNet(profile=profile)
+    net.serve(publisher)
+    unused = EndpointConfig(PeerTrust([make_test_certificate()[0]]))  # the session is adopted, never dialled
+    client = MoqtBlockClient(unused, options=MoqtClientOptions(stall_timeout_s=None))
+    client.adopt(uri, await net.subscriber(timeout_s=T))
+    return client
+
+
+async def test_a_block_fetched_over_every_draft_is_identical() -> None:
+    record = record_of(7)
+    source = MemoryTrackSource()
+    source.put(record.moqt_namespace.fields(), track_name(Codec.RAW), objects_of(7))  # type: ignore[union-attr]
+    publisher = Publisher(source, authorize=lambda who, ns, action: True)
+    blocks = {}
+    for profile in PROFILES:
+        client = await _memory_client(publisher, profile, record.holder)
+        try:
+            async with asyncio.timeout(T):
+                block = await client.fetch_block(record, geometry=GEOMETRY)
+        finally:
+            await client.close()
+        assert not isinstance(block, BlockMiss) and block.replica_verified
+        blocks[profile.draft] = (bytes(block.container.header.encode()) + bytes(block.container.data),
+                                 block.container.layer_digests())
+    assert len(set(blocks.values())) == 1 and next(iter(blocks.values()))[0] == container(7)
+    assert next(iter(blocks.values()))[1] == record.layer_digests
+    await publisher.close()
+
+
+@DRAFTS
+async def test_live_layers_over_subscribe_at_each_draft(profile: Profile) -> None:
+    publisher = Publisher(authorize=lambda who, ns, action: True)
+    namespace = TrackNamespace(COMPAT, SCOPE, HOLDER_ID, key(8))
+    producer = LiveBlockPublisher(publisher, namespace)
+    uri = "moqt://producer.test/live"
+    client = await _memory_client(publisher, profile, uri)
+    data, digests = sections(8), decode_container(container(8)).layer_digests()
+    try:
+        async with asyncio.timeout(T), client.subscribe_block(uri, namespace, Codec.RAW, layer_count=len(data),
+                                                               layer_digests=digests, geometry=GEOMETRY) as stream:
+            producer.publish_layer(0, data[0][0] + data[0][1])
+            got = []
+            async for view in stream.layers():
+                got.append((bytes(view.k), bytes(view.v)))
+                if view.layer + 1 < len(data):  # the next layer exists only once this one arrived
+                    producer.publish_layer(view.layer + 1, b"".join(data[view.layer + 1]))
+                else:
+                    producer.finish()
+        assert got == data and stream.complete and stream.layer_digests == producer.layer_digests == digests
+    finally:
+        await client.close()
+        await publisher.close()
 
 
 # -- a block streamed while it is produced -----------------------------------------------------------------

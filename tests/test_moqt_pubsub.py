@@ -38,11 +38,12 @@ from moqt.auth import issue_token
 from moqt.events import MoqtEvent, ObjectChunkReceived, ObjectSource
 from moqt.kinds import ObjectStatus, PublishDoneStatus, RequestError, SessionError, StreamReset
 from moqt.messages import PublishNamespace
-from moqt.profiles import DRAFT_14
+from moqt.profiles import DRAFT_14, Profile
 from moqt.quic import ConnectionClosedError, EndpointConfig, MoqtConnection, QuicSettings, serve
 from moqt.session import MoqtSession
 from moqt.tracks import GroupLog, ObjectAssembler, RequestKind, RequestTracker, check_fetch, fetch_ok_end
 from moqt.wire import Location, Namespace
+from tests.support.drafts import DRAFTS
 
 T = 20.0
 NS: Namespace = (b"kvsp-test", b"a")
@@ -160,22 +161,24 @@ def test_request_tracker_completion_rules() -> None:
 
 
 # -- two peers in memory --------------------------------------------------------------------------------
-async def memory_pair(publisher: Publisher, **net: object) -> tuple[MemoryNet, Subscriber]:
-    pair = MemoryNet(**net)  # type: ignore[arg-type]
+async def memory_pair(publisher: Publisher, profile: Profile, **net: object) -> tuple[MemoryNet, Subscriber]:
+    pair = MemoryNet(profile=profile, **net)  # type: ignore[arg-type]
     pair.serve(publisher)
     return pair, await pair.subscriber(timeout_s=5.0)
 
 
-async def test_fetch_a_range_byte_exact() -> None:
-    _, sub = await memory_pair(Publisher(stored(), authorize=allow_authenticated))
+@DRAFTS
+async def test_fetch_a_range_byte_exact(profile: Profile) -> None:
+    _, sub = await memory_pair(Publisher(stored(), authorize=allow_authenticated), profile)
     async with asyncio.timeout(T), sub.fetch(NS, b"t", Location(0, 1), Location(0, 4)) as objects:
         got = await collect(objects)
     assert [o.object_id for o in got] == [1, 2, 3]
     assert all(bytes(o.payload) == payload(o.object_id) and isinstance(o.payload, memoryview) for o in got)
 
 
-async def test_fetch_refusals_carry_their_code() -> None:
-    _, sub = await memory_pair(Publisher(stored(), authorize=only_ns))
+@DRAFTS
+async def test_fetch_refusals_carry_their_code(profile: Profile) -> None:
+    _, sub = await memory_pair(Publisher(stored(), authorize=only_ns), profile)
     cases = [((NS, b"nope", Location(0, 0), Location(0, 2)), RequestError.TRACK_DOES_NOT_EXIST),
              ((NS, b"t", Location(0, 9), Location(0, 12)), RequestError.INVALID_RANGE),
              ((OTHER, b"t", Location(0, 0), Location(0, 2)), RequestError.UNAUTHORIZED)]
@@ -187,9 +190,10 @@ async def test_fetch_refusals_carry_their_code() -> None:
     assert sub.usable  # a refusal is a request error, never a session error
 
 
-async def test_live_objects_arrive_before_the_next_one_exists() -> None:
+@DRAFTS
+async def test_live_objects_arrive_before_the_next_one_exists(profile: Profile) -> None:
     publisher = Publisher(authorize=allow_authenticated)
-    _, sub = await memory_pair(publisher)
+    _, sub = await memory_pair(publisher, profile)
     track = publisher.track(NS, b"live")
     async with asyncio.timeout(T), sub.subscribe(NS, b"live", end_group=0) as objects:
         for i in range(4):
@@ -201,9 +205,10 @@ async def test_live_objects_arrive_before_the_next_one_exists() -> None:
     track.close()
 
 
-async def test_late_subscriber_gets_the_retained_group_then_live_objects() -> None:
+@DRAFTS
+async def test_late_subscriber_gets_the_retained_group_then_live_objects(profile: Profile) -> None:
     publisher = Publisher(authorize=allow_authenticated)
-    _, sub = await memory_pair(publisher)
+    _, sub = await memory_pair(publisher, profile)
     track = publisher.track(NS, b"live")
     for i in range(3):
         track.publish(0, i, payload(i))
@@ -216,9 +221,10 @@ async def test_late_subscriber_gets_the_retained_group_then_live_objects() -> No
     assert [o.location for o in rest] == [Location(0, 3), Location(1, 0)]
 
 
-async def test_subscribe_refusals_and_track_errors() -> None:
+@DRAFTS
+async def test_subscribe_refusals_and_track_errors(profile: Profile) -> None:
     publisher = Publisher(stored(), authorize=only_ns)
-    _, sub = await memory_pair(publisher)
+    _, sub = await memory_pair(publisher, profile)
     with pytest.raises(SubscribeRefused) as info:
         async with asyncio.timeout(T), sub.subscribe(OTHER, b"live") as objects:
             await collect(objects)
@@ -236,9 +242,10 @@ async def test_subscribe_refusals_and_track_errors() -> None:
             await collect(objects)
 
 
-async def test_caller_buffer_and_inbox_bound() -> None:
+@DRAFTS
+async def test_caller_buffer_and_inbox_bound(profile: Profile) -> None:
     publisher = Publisher(stored(count=6, size=4000), authorize=allow_authenticated)
-    _, sub = await memory_pair(publisher)
+    _, sub = await memory_pair(publisher, profile)
     buffer = bytearray(6 * 4000)
 
     def allocate(group: int, object_id: int, length: int) -> memoryview:
@@ -247,7 +254,7 @@ async def test_caller_buffer_and_inbox_bound() -> None:
     async with asyncio.timeout(T), sub.fetch(NS, b"t", Location(0, 0), Location(0, 6), allocate=allocate) as objects:
         got = await collect(objects)
     assert all(o.payload.obj is buffer for o in got) and bytes(buffer) == b"".join(payload(i, 4000) for i in range(6))
-    tight = MemoryNet()
+    tight = MemoryNet(profile=profile)
     tight.serve(publisher)
     slow = await tight.subscriber(max_inbox_octets=5000)
     objects = slow.fetch(NS, b"t", Location(0, 0), Location(0, 6))
@@ -257,7 +264,8 @@ async def test_caller_buffer_and_inbox_bound() -> None:
             await collect(objects)
 
 
-async def test_abandoned_fetch_is_cancelled_at_the_publisher() -> None:
+@DRAFTS
+async def test_abandoned_fetch_is_cancelled_at_the_publisher(profile: Profile) -> None:
     gate = asyncio.Event()
 
     class Slow:
@@ -275,7 +283,7 @@ async def test_abandoned_fetch_is_cancelled_at_the_publisher() -> None:
             return Slow()
 
     publisher = Publisher(Source(), authorize=allow_authenticated)
-    _, sub = await memory_pair(publisher)
+    _, sub = await memory_pair(publisher, profile)
     async with asyncio.timeout(T):
         async with sub.fetch(NS, b"t", Location(0, 0), Location(0, 100)) as objects:
             assert (await anext(objects)).object_id == 0
@@ -287,12 +295,14 @@ async def test_abandoned_fetch_is_cancelled_at_the_publisher() -> None:
     gate.set()
 
 
-async def test_token_authentication_and_scope() -> None:
+@DRAFTS
+async def test_token_authentication_and_scope(profile: Profile) -> None:
     issuer = ec.generate_private_key(ec.SECP256R1())
     now = int(time.time())
     token = issue_token(issuer, "https://tok.test/", namespaces=[NS[:1]], expires_at=now + 60, now=now)
     publisher = Publisher(stored(), authorize=allow_authenticated)
-    pair, sub = await memory_pair(publisher, client_identity=None, token=token, token_keys=[issuer.public_key()])
+    pair, sub = await memory_pair(publisher, profile, client_identity=None, token=token,
+                                  token_keys=[issuer.public_key()])
     assert pair.server.peer_identity == "https://tok.test/" and pair.server.authenticated_by == "token"
     async with asyncio.timeout(T), sub.fetch(NS, b"t", Location(0, 0), Location(0, 2)) as objects:
         assert len(await collect(objects)) == 2
@@ -302,13 +312,14 @@ async def test_token_authentication_and_scope() -> None:
     assert info.value.unauthorized
 
 
+@DRAFTS
 @pytest.mark.parametrize("trusted", [False, None])
-async def test_setup_refused_without_valid_credentials(trusted: bool | None) -> None:
+async def test_setup_refused_without_valid_credentials(trusted: bool | None, profile: Profile) -> None:
     issuer = ec.generate_private_key(ec.SECP256R1())
     now = int(time.time())
     token = None if trusted is None else issue_token(ec.generate_private_key(ec.SECP256R1()), "https://x.test/",
                                                      expires_at=now + 60, now=now)
-    pair = MemoryNet(client_identity=None, token=token, token_keys=[issuer.public_key()])
+    pair = MemoryNet(client_identity=None, token=token, token_keys=[issuer.public_key()], profile=profile)
     publisher = Publisher(stored(), authorize=allow_authenticated)
     pair.serve(publisher)
     with pytest.raises(SetupRefused) as info:
@@ -317,9 +328,10 @@ async def test_setup_refused_without_valid_credentials(trusted: bool | None) -> 
     assert publisher.endpoints == []  # the refused session is forgotten
 
 
-async def test_publisher_closing_fails_open_requests() -> None:
+@DRAFTS
+async def test_publisher_closing_fails_open_requests(profile: Profile) -> None:
     publisher = Publisher(authorize=allow_authenticated)
-    _, sub = await memory_pair(publisher)
+    _, sub = await memory_pair(publisher, profile)
     track = publisher.track(NS, b"live")
     async with asyncio.timeout(T), sub.subscribe(NS, b"live") as objects:
         track.publish(0, 0, payload(0))
@@ -441,11 +453,12 @@ async def test_publish_namespace_to_a_relay(pki: Path) -> None:
         await relay.wait_closed()
 
 
-async def test_live_track_is_also_fetchable() -> None:
+@DRAFTS
+async def test_live_track_is_also_fetchable(profile: Profile) -> None:
     publisher = Publisher(authorize=allow_authenticated)
     track: LiveTrack = publisher.track(NS, b"live")
     for i in range(3):
         track.publish(0, i, payload(i))
-    _, sub = await memory_pair(publisher)
+    _, sub = await memory_pair(publisher, profile)
     async with asyncio.timeout(T), sub.fetch(NS, b"live", Location(0, 0), Location(0, 10)) as objects:
         assert [o.object_id for o in await collect(objects)] == [0, 1, 2]

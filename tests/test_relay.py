@@ -29,7 +29,7 @@ from moqt.api import (
 )
 from moqt.events import ControlMessageReceived, MoqtEvent
 from moqt.kinds import PublishDoneStatus, RequestError
-from moqt.messages import PublishNamespace
+from moqt.messages import NamespaceNotice, PublishNamespace
 from moqt.wire import Location
 from tests.support.relay import (
     NAMES,
@@ -331,8 +331,11 @@ async def test_subscribe_namespace_learns_of_published_namespaces(pki: DevPki) -
                 handle = client.endpoint.handle
 
                 def spy(event: MoqtEvent, handle: object = handle, name: str = name) -> None:
+                    # draft-14: a PUBLISH_NAMESPACE; later drafts: NAMESPACE with the fields after the prefix
                     if isinstance(event, ControlMessageReceived) and isinstance(event.message, PublishNamespace):
                         seen[name].append(event.message.track_namespace)
+                    if isinstance(event, ControlMessageReceived) and isinstance(event.message, NamespaceNotice):
+                        seen[name].append(prefix[:3] + event.message.track_namespace_suffix)
                     handle(event)  # type: ignore[operator]
 
                 client.endpoint.handle = spy  # type: ignore[method-assign]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from aioquic.quic.configuration import QuicConfiguration
 
 from moqt.api import MoqtObject
 from moqt.data import (
@@ -31,17 +32,25 @@ from moqt.events import (
 )
 from moqt.kinds import GroupOrder, ObjectStatus
 from moqt.messages import FetchOk, Subscribe
+from moqt.profiles import Profile
 from moqt.testing import MoqtPair
 from moqt.tracks import RequestKind, RequestTracker
 from moqt.wire import KeyValuePair, Location
 from relay.cutthrough import CutThrough, ForwardingAssembler
+from tests.support.drafts import PROFILE_PARAMS
 
 NS = (b"relay", b"cut", b"through")
 
 
-@pytest.fixture
-def pair() -> MoqtPair:
-    p = MoqtPair(client_options={"path": "/r"}, server_options={"path": "/r"})
+@pytest.fixture(params=PROFILE_PARAMS)
+def pair(request: pytest.FixtureRequest) -> MoqtPair:
+    profile: Profile = request.param
+
+    def alpn(client: QuicConfiguration, server: QuicConfiguration) -> None:
+        client.alpn_protocols = server.alpn_protocols = [profile.alpn]
+
+    p = MoqtPair(client_options={"path": "/r", "profile": profile},
+                 server_options={"path": "/r", "profile": profile}, quic_setup=alpn)
     assert any(isinstance(e, SessionEstablished) for e in p.client.take())
     assert any(isinstance(e, SessionEstablished) for e in p.server.take())
     return p

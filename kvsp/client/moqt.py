@@ -192,6 +192,11 @@ class MoqtBlockClient:
         token instead) and the deployment CA."""
         return cls(EndpointConfig.from_files(cert, key, ca, settings), token=token, options=options)
 
+    def adopt(self, uri: str, subscriber: Subscriber) -> None:
+        """Use an established session for ``uri`` (one made elsewhere: an in-memory pair in tests,
+        or a custom transport), at whatever draft it speaks; a broken one is replaced as usual."""
+        self._subscribers[uri] = subscriber
+
     async def subscriber(self, uri: str) -> Subscriber:
         """The session to ``uri``: the open one, or a new one."""
         current = self._subscribers.get(uri)

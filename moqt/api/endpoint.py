@@ -34,7 +34,7 @@ from moqt.events import (
     SessionTerminated,
     SetupRequested,
 )
-from moqt.kinds import MessageKind, RequestError, SessionError
+from moqt.kinds import MessageKind, PublishDoneStatus, RequestError, SessionError
 from moqt.messages import (
     ControlMessage,
     Fetch,
@@ -46,6 +46,7 @@ from moqt.messages import (
     PublishNamespace,
     PublishNamespaceError,
     PublishNamespaceOk,
+    RequestUpdate,
     Subscribe,
     SubscribeError,
     SubscribeNamespace,
@@ -67,6 +68,7 @@ from moqt.tracks import (
     SessionLostError,
     SetupRefused,
 )
+from moqt.wire import Location, Namespace
 
 log = logging.getLogger("moqt.api")
 
@@ -192,6 +194,10 @@ class Endpoint:
         self._inboxes: dict[int, Inbox] = {}
         self._jobs: dict[int, asyncio.Task[None]] = {}
         self._namespace_waiters: dict[int, asyncio.Future[None]] = {}
+        #: The peer's subscriptions we accepted: track and the Largest Location our SUBSCRIBE_OK carried
+        #: (what a joining FETCH of one is computed from).
+        self.served: dict[int, tuple[Namespace, bytes, Location | None]] = {}
+        self._ending: dict[int, tuple[PublishDoneStatus, str]] = {}  # subscriptions to end once their job stopped
 
     @property
     def usable(self) -> bool:
@@ -230,9 +236,26 @@ class Endpoint:
         self._jobs[request_id] = task
         task.add_done_callback(lambda t: self._job_done(request_id, t))
 
+    def end_served(self, request_id: int, status: PublishDoneStatus, reason: str) -> None:
+        """End a subscription we serve: its job stops (resetting the stream it had open), then PUBLISH_DONE."""
+        job = self._jobs.get(request_id)
+        if job is None:
+            return
+        self._ending[request_id] = (status, reason)
+        job.cancel()
+
+    def _finish_ending(self, request_id: int) -> None:
+        status, reason = self._ending.pop(request_id)
+        with contextlib.suppress(LocalError):  # the senders reset their open streams when cancelled
+            self.session.publish_done(request_id, status, reason)
+        self.link.transmit_soon()
+
     def _job_done(self, request_id: int, task: asyncio.Task[None]) -> None:
         if self._jobs.get(request_id) is task:
             del self._jobs[request_id]
+            self.served.pop(request_id, None)
+        if request_id in self._ending and self.closed_error is None:
+            self._finish_ending(request_id)
         if not task.cancelled() and (error := task.exception()) is not None:
             if isinstance(error, ConnectionError) or (isinstance(error, LocalError) and not self.usable):
                 # the peer went away, or ended the session under the job: no bug of ours
@@ -336,6 +359,8 @@ class Endpoint:
             case PublishNamespaceError(request_id=request_id, error_code=code, reason=reason):
                 error = self._request_error(MessageKind.PUBLISH_NAMESPACE_ERROR, code)
                 self._namespace_answer(request_id, NamespaceRefused(error, reason))
+            case RequestUpdate():
+                self._on_update(message)
             case _:
                 handler = getattr(self.serving, "on_control", None)  # a relay serves the rest (ControlServing)
                 if handler is None or not handler(self, message):
@@ -350,6 +375,21 @@ class Endpoint:
         else:
             self.session.subscribe_error(message.request_id, RequestError.NOT_SUPPORTED,
                                          "this endpoint publishes nothing")
+
+    def _on_update(self, message: RequestUpdate) -> None:
+        """The peer's REQUEST_UPDATE of a request we serve (draft-16 and later; answered, unlike
+        draft-14's SUBSCRIBE_UPDATE). What our senders do not act on is accepted (priority, delivery
+        timeout, tokens, a new-group request, FORWARD staying 1); pausing or moving a subscription is
+        not served: REQUEST_ERROR NOT_SUPPORTED, and a subscription refused an update ends with
+        PUBLISH_DONE UPDATE_FAILED ("the publisher MUST also send a PUBLISH_DONE with UPDATE_FAILED")."""
+        params, target = message.parameters, message.existing_request_id
+        if params.forward is not False and params.subscription_filter is None and params.group_order is None:
+            self.session.update_ok(message.request_id)
+            return
+        self.session.update_error(message.request_id, RequestError.NOT_SUPPORTED,
+                                  "this publisher does not pause or move a subscription")
+        if target in self.served:
+            self.end_served(target, PublishDoneStatus.UPDATE_FAILED, "REQUEST_UPDATE refused")
 
     def _request_error(self, message: MessageKind, code: int) -> RequestError | int:
         return self.session.profile.request_errors[message].name(code) or code

@@ -12,6 +12,7 @@ transport's high-water mark plus one object. A group travels on one subgroup str
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
@@ -105,6 +106,9 @@ class _Sender:
             await self._groups()
         except (LocalError, ConnectionError):
             pass  # unsubscribed, stopped or the session ended: nothing left to tell this subscriber
+        except asyncio.CancelledError:
+            abandon(self.endpoint, self.stream)  # PUBLISH_DONE may follow only once it is closed
+            raise
         finally:
             track.subscribers -= 1
 
@@ -155,6 +159,14 @@ class _Sender:
             link.transmit_soon()
             self.stream = None
         return True
+
+
+def abandon(endpoint: Endpoint, stream: int | None) -> None:
+    """Reset a subgroup stream a cancelled sender left open (already gone: nothing to do)."""
+    if stream is not None:
+        with contextlib.suppress(LocalError, ConnectionError):
+            endpoint.session.reset_stream(stream, StreamReset.CANCELLED)
+            endpoint.link.transmit_soon()
 
 
 async def send_subscription(track: LiveTrack, endpoint: Endpoint, request_id: int, start: Location,

@@ -16,12 +16,15 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from aioquic.quic.configuration import QuicConfiguration
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from moqt.api.endpoint import Endpoint
 from moqt.api.publisher import Publisher
 from moqt.api.subscriber import Subscriber
 from moqt.events import MoqtEvent
 from moqt.params import AuthToken, SetupParameters
+from moqt.profiles import DRAFT_14, Profile
 from moqt.quic.aioquic_hooks import send_buffered
 from moqt.testing import MoqtPair, Peer
 from moqt.tls import PeerAuthentication
@@ -68,17 +71,26 @@ class MemoryLink(PeerAuthentication):
 
 
 class MemoryNet:
-    """A `MoqtPair` driven by the event loop; ``client``/``server`` are its two links."""
+    """A `MoqtPair` driven by the event loop; ``client``/``server`` are its two links.
+
+    ``profile`` is the draft both sessions speak; the pair's TLS offers and accepts only its ALPN, as
+    two endpoints that agreed on it would. A relay bridging drafts is tested with one net per side.
+    """
 
     def __init__(self, *, client_identity: str | None = "https://client.test/",
                  server_identity: str = "https://server.test/", token: bytes | None = None,
-                 token_keys: Sequence[ec.EllipticCurvePublicKey] = (),
+                 token_keys: Sequence[ec.EllipticCurvePublicKey] = (), profile: Profile = DRAFT_14,
                  client_options: dict[str, Any] | None = None, server_options: dict[str, Any] | None = None) -> None:
         tokens = (AuthToken.use_value(0, token),) if token is not None else ()
-        client = {"deliver_partial_objects": True, "path": "/moqt",
+        client = {"deliver_partial_objects": True, "path": "/moqt", "profile": profile,
                   "setup_parameters": SetupParameters(authorization_tokens=tokens), **(client_options or {})}
-        server = {"auto_accept": False, "path": "/moqt", **(server_options or {})}
-        self.pair = MoqtPair(client_options=client, server_options=server)
+        server = {"auto_accept": False, "path": "/moqt", "profile": profile, **(server_options or {})}
+        self.profile = profile
+
+        def alpn(client_cfg: QuicConfiguration, server_cfg: QuicConfiguration) -> None:
+            client_cfg.alpn_protocols = server_cfg.alpn_protocols = [profile.alpn]
+
+        self.pair = MoqtPair(client_options=client, server_options=server, quic_setup=alpn)
         self.client = MemoryLink(self, self.pair.client, peer_identity=server_identity)
         self.server = MemoryLink(self, self.pair.server, peer_identity=client_identity, token_keys=token_keys)
         self._scheduled = False
@@ -108,6 +120,16 @@ class MemoryNet:
         endpoint = publisher.attach(self.server, self.server.peer.moqt)
         self.server.handler = endpoint.handle
         self.schedule()
+
+    async def connect_publisher(self, publisher: Publisher) -> Endpoint:
+        """The client side as ``publisher``'s session to a relay served on the server side (as
+        ``Publisher.connect_relay`` makes over QUIC): established, our namespaces published there."""
+        endpoint = publisher.attach(self.client, self.client.peer.moqt)
+        self.client.handler = endpoint.handle
+        self.schedule()
+        await asyncio.wait_for(asyncio.shield(endpoint.established), 10)
+        await publisher.adopt_relay(endpoint)
+        return endpoint
 
     async def subscriber(self, *, timeout_s: float | None = 10.0, max_inbox_octets: int = 64 << 20) -> Subscriber:
         """The client side as an established `Subscriber` (raises ``SetupRefused`` if refused)."""

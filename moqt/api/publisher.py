@@ -23,13 +23,14 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
+from moqt.api.drafts import refuse_fetch, writable_status
 from moqt.api.endpoint import DEFAULT_INBOX_OCTETS, Endpoint, Link
 from moqt.api.live import LiveTrack, send_subscription
 from moqt.auth import AuthError
 from moqt.errors import LocalError
 from moqt.events import MoqtEvent, SetupRequested
-from moqt.kinds import GroupOrder, RequestError, SessionError, StreamReset
-from moqt.messages import Fetch, Subscribe
+from moqt.kinds import FetchType, GroupOrder, RequestError, SessionError, StreamReset
+from moqt.messages import Fetch, StandaloneFetch, Subscribe
 from moqt.params import AuthToken, SetupParameters
 from moqt.quic import EndpointConfig, MoqtConnection, MoqtServer, MoqtUri, connect, serve
 from moqt.session import MoqtSession
@@ -46,7 +47,7 @@ from moqt.tracks import (
     subscription_start,
     token_namespaces,
 )
-from moqt.wire import Namespace
+from moqt.wire import Location, Namespace
 
 log = logging.getLogger("moqt.api.publisher")
 
@@ -146,9 +147,14 @@ class Publisher:
         except BaseException:
             await endpoint.aclose(SessionError.INTERNAL_ERROR, "setup failed", timeout_s=1.0)
             raise
+        await self.adopt_relay(endpoint)
+        return endpoint
+
+    async def adopt_relay(self, endpoint: Endpoint) -> None:
+        """Treat an established outgoing session (ours is the client) as a relay connection: our
+        namespaces are published there, now and later (``connect_relay``, or an in-memory link)."""
         self._relays.append(endpoint)
         await asyncio.gather(*(self._announce(endpoint, ns) for ns in self._namespaces))
-        return endpoint
 
     async def close(self) -> None:
         """Close every session and stop listening."""
@@ -254,6 +260,7 @@ class Publisher:
         largest = track.largest
         start = subscription_start(message.filter_type, message.start_location, largest)
         session.subscribe_ok(request_id, group_order=GroupOrder.ASCENDING, largest_location=largest)
+        endpoint.served[request_id] = (namespace, name, largest)
         endpoint.spawn(request_id, send_subscription(track, endpoint, request_id, start, message.end_group))
 
     async def _serve_fetch(self, endpoint: Endpoint, message: Fetch) -> None:
@@ -271,9 +278,9 @@ class Publisher:
 
     async def _answer_fetch(self, endpoint: Endpoint, message: Fetch) -> AsyncIterator[MoqtObject] | None:
         """FETCH_OK and the objects to send, or None after a FETCH_ERROR."""
-        session, request_id, request = endpoint.session, message.request_id, message.standalone
+        session, request_id = endpoint.session, message.request_id
+        request = message.standalone or self._joined_range(endpoint, message)
         if request is None:
-            session.fetch_error(request_id, RequestError.NOT_SUPPORTED, "joining FETCH is not served")
             return None
         if not self.allowed(endpoint, request.track_namespace, Action.FETCH):
             session.fetch_error(request_id, RequestError.UNAUTHORIZED, "not authorized for this namespace")
@@ -292,12 +299,39 @@ class Publisher:
         largest = track.largest
         code = check_fetch(request.start, request.end, largest)
         if code is not None or largest is None:
-            session.fetch_error(request_id, code or RequestError.NO_OBJECTS, "nothing in that range")
+            refuse_fetch(session, request_id, code or RequestError.NO_OBJECTS, "nothing in that range",
+                         start=request.start)
             return None
         stop = fetch_stop(request.end)
         session.fetch_ok(request_id, fetch_ok_end(request.end, largest), group_order=GroupOrder.ASCENDING,
                          end_of_track=track.complete and stop > largest)
         return track.read(request.start, stop)
+
+    def _joined_range(self, endpoint: Endpoint, message: Fetch) -> StandaloneFetch | None:
+        """The range a joining FETCH names ("Joining Fetch Range Calculation"), or None once refused.
+
+        It ends just after the Largest Location our SUBSCRIBE_OK carried; with none ("no Objects have
+        been published for the track, and the SUBSCRIBE_OK did not include a LARGEST_OBJECT"), the
+        answer is INVALID_RANGE. The session has already refused a Joining Request ID that names no
+        subscription of the peer's.
+        """
+        session, joining = endpoint.session, message.joining
+        assert joining is not None
+        served = endpoint.served.get(joining.joining_request_id)
+        if served is None:
+            session.fetch_error(message.request_id, RequestError.INVALID_JOINING_REQUEST_ID,
+                                "that subscription is not one this publisher serves")
+            return None
+        namespace, name, largest = served
+        if largest is None:
+            session.fetch_error(message.request_id, RequestError.INVALID_RANGE,
+                                "nothing was published before the subscription")
+            return None
+        if message.fetch_type is FetchType.ABSOLUTE_JOINING:
+            start = Location(joining.joining_start, 0)
+        else:
+            start = Location(max(largest.group - joining.joining_start, 0), 0)
+        return StandaloneFetch(namespace, name, start, Location(largest.group, largest.object + 1))
 
     @staticmethod
     async def _send_range(endpoint: Endpoint, stream: int, objects: AsyncIterator[MoqtObject]) -> None:
@@ -315,9 +349,12 @@ class Publisher:
             obj = await anext(source, None)
             sent = 0
             while obj is not None:
+                if not writable_status(session.profile, obj.status, fetch=True):
+                    obj = await anext(source, None)  # a marker the draft's fetch stream cannot carry
+                    continue
                 await link.drain(stream)
                 session.send_fetch_object(stream, obj.group, obj.subgroup, obj.object_id, obj.payload,
-                                          extensions=obj.extensions)
+                                          extensions=obj.extensions, status=obj.status)
                 link.transmit_soon()
                 sent += 1
                 obj = await anext(source, None)
