@@ -20,7 +20,7 @@ from kvsp.errors import ValidationError
 from kvsp.moqt_binding import kvsp_token_rule
 from kvsp.service.app import HEALTH
 from kvsp.service.config import RoleConfig
-from kvsp.service.metrics import metrics_of
+from kvsp.service.metrics import MoqtSessionsCollector, metrics_of
 from kvsp.service.tokens import load_token_key
 from moqt.api import TokenRule, UpstreamLink
 from moqt.auth import TokenClaims
@@ -93,7 +93,8 @@ class RelayRole:
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         port = await self.relay.listen(self.settings.host, self.settings.port, self.endpoint_config)
-        log.info("relaying MOQT on %s:%d as %s", self.settings.host, port, self.settings.uri)
+        log.info("relaying MOQT on %s:%d as %s (drafts %s)", self.settings.host, port, self.settings.uri,
+                 ", ".join(str(p.draft) for p in self.endpoint_config.settings.profiles))
         for link in self.links:
             link.start()
         try:
@@ -140,6 +141,7 @@ def setup(app: web.Application, config: RoleConfig) -> None:
     role = RelayRole(config, RelaySettings.from_config(config))
     app[RELAY] = role
     metrics_of(app).registry.register(RelayCollector(role.relay.stats, role.refused_connections))
+    metrics_of(app).registry.register(MoqtSessionsCollector("kvsp_relay", lambda: role.relay.server))
     app.router.add_get(config.server.base_path + "relay/stats", stats_handler)
     app[HEALTH]["relay"] = _health
     app.cleanup_ctx.append(role.lifecycle)

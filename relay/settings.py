@@ -35,13 +35,14 @@ from kvsp.identifiers import check_base_uri
 from kvsp.numbers import parse_decimal
 from kvsp.reader import ObjectReader
 from kvsp.service.config import RoleConfig
+from kvsp.service.moqt_config import read_drafts
 from moqt.quic import MAX_DATAGRAM_SIZE, MoqtUri, QuicSettings
 from moqt.wire import Namespace
 
 KNOWN_KEYS: Final = frozenset({
     "listen", "uri", "upstream", "peers", "open_prefixes", "cache_octets", "cache_ttl_s",
     "subscriber_buffer_octets", "token_keys", "drain_s", "upstream_timeout_s", "upstream_stall_s", "idle_timeout_s",
-    "liveness_timeout_s", "max_connections_per_client", "max_datagram_size",
+    "liveness_timeout_s", "max_connections_per_client", "max_datagram_size", "drafts",
 })
 DEFAULT_CACHE_OCTETS: Final = 256 << 20
 DEFAULT_CACHE_TTL_S: Final = 60.0
@@ -74,6 +75,7 @@ class RelaySettings:
     liveness_timeout_s: float = 2.0  # how soon a vanished peer with requests in flight is noticed
     max_connections_per_client: int = 256
     max_datagram_size: int = RELAY_QUIC.max_datagram_size  # to non-loopback peers (loopback: 64 KiB)
+    drafts: tuple[int, ...] | None = None  # MOQT drafts accepted downstream and offered upstream (None: all)
 
     @property
     def quic(self) -> QuicSettings:
@@ -81,7 +83,7 @@ class RelaySettings:
         return dataclasses.replace(RELAY_QUIC, idle_timeout_s=self.idle_timeout_s,
                                    liveness_timeout_s=self.liveness_timeout_s,
                                    max_connections_per_client=self.max_connections_per_client,
-                                   max_datagram_size=self.max_datagram_size)
+                                   max_datagram_size=self.max_datagram_size, drafts=self.drafts)
 
     @property
     def path(self) -> str:
@@ -113,6 +115,7 @@ class RelaySettings:
             liveness_timeout_s=_seconds(r, "liveness_timeout_s", 2.0),
             max_connections_per_client=_int(r, "max_connections_per_client", 256, minimum=1),
             max_datagram_size=_datagram_size(r),
+            drafts=read_drafts(r, "drafts", "relay"),
         )
 
 

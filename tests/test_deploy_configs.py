@@ -99,7 +99,7 @@ def full_sections() -> list[Section]:
                      cache_octets=1 << 20, cache_ttl_s=30.0, subscriber_buffer_octets=1 << 16,
                      token_keys=["issuer.pub.pem"], drain_s=1.0, upstream_timeout_s=10.0, idle_timeout_s=5.0,
                      upstream_stall_s=0.25, liveness_timeout_s=1.5, max_connections_per_client=8,
-                     max_datagram_size=1400),
+                     max_datagram_size=1400, drafts=[16]),
         FrontendSection(pc=PC, listen="127.0.0.1:8000", public_tls=PublicTls("fe-public.pem", "fe-public.key"),
                         model="kvsp-test", descriptor="model.json", tokenizer="bytes", tenants={"acme": SCOPE.hex()},
                         api_keys={"acme": "acme.apikey"}, anonymous_tenant="acme", max_prompt_tokens=100,

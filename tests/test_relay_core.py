@@ -13,6 +13,7 @@ from kvsp.identifiers import role_id
 from kvsp.service.config import RoleConfig, ServerConfig
 from kvsp.service.policy import Policy, ScopeGrant
 from moqt.api import Action, MoqtObject, backoff_delay
+from moqt.profiles import PROFILES
 from moqt.quic import LOOPBACK_DATAGRAM_SIZE, QuicSettings
 from moqt.wire import Location
 from relay.auth import holder_of, relay_authorizer, scope_of
@@ -184,10 +185,18 @@ def test_settings_parse_and_validate() -> None:
         {"listen": "nope", "uri": "moqt://h:1/r"}, {**base, "uri": "https://h/"}, {**base, "cache_ttl_s": 0},
         {**base, "subscriber_buffer_octets": 0}, {**base, "open_prefixes": ["a//b"]}, {**base, "color": 1},
         {**base, "peers": ["moqt://x:1/"]}, {"uri": "moqt://h:1/r"}, {**base, "max_datagram_size": 1199},
-        {**base, "max_datagram_size": 65508}, {**base, "max_datagram_size": "9000"}]
+        {**base, "max_datagram_size": 65508}, {**base, "max_datagram_size": "9000"}, {**base, "drafts": [13]},
+        {**base, "drafts": []}, {**base, "drafts": "16"}]
     for bad in bads:
         with pytest.raises(ValidationError):
             RelaySettings.from_config(config(bad))
+
+
+def test_settings_drafts_pin_both_legs() -> None:
+    base: dict[str, object] = {"listen": "127.0.0.1:1", "uri": "moqt://h:1/r"}
+    assert RelaySettings.from_config(config(base)).quic.profiles == PROFILES  # every draft, newest first
+    pinned = RelaySettings.from_config(config({**base, "drafts": [14]}))
+    assert pinned.drafts == (14,) and [p.draft for p in pinned.quic.profiles] == [14]
 
 
 def test_settings_datagram_size_for_non_loopback_peers() -> None:

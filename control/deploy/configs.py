@@ -204,6 +204,7 @@ class RelaySection:
     liveness_timeout_s: float | None = None
     max_connections_per_client: int | None = None
     max_datagram_size: int | None = None
+    drafts: Sequence[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
