@@ -31,6 +31,7 @@ from kvsp.registry import Codec
 from moqt.api import MoqtObject, Publisher
 from moqt.api.endpoint import Endpoint
 from moqt.kinds import StreamReset
+from moqt.profiles import DRAFT_14, Profile
 from moqt.quic import EndpointConfig, QuicSettings
 from moqt.quic.aioquic_hooks import HookedQuicConnection, capped_congestion_control
 
@@ -44,9 +45,10 @@ class Recorder:
 
     log: list[str] = field(default_factory=list)
     flushable: bool = True
+    profile: Profile = DRAFT_14
 
     def send_fetch_object(self, stream: int, group: int, subgroup: int, object_id: int, payload: memoryview,
-                          extensions: tuple[object, ...] = ()) -> None:
+                          extensions: tuple[object, ...] = (), status: object = None) -> None:
         self.log.append(f"object {object_id}")
 
     def finish_stream(self, stream: int) -> None:
