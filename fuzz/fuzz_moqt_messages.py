@@ -1,10 +1,11 @@
-"""Fuzz target ``moqt_messages``: every MOQT control message decoder of draft-14 and draft-16 and the
-control stream parser (moqt/messages/).
+"""Fuzz target ``moqt_messages``: every MOQT control message decoder of draft-14, draft-16 and
+draft-18 and the control stream parser (moqt/messages/).
 
 Input: one octet, then octets.  The octet's bit 0x40 chooses the profile (clear: draft-14, set:
-draft-16).  When its top bit is clear, its six low bits choose a message type of the profile and the
-octets are that message's payload (``decode_message``); when set, the octets are a control stream,
-fed to ``ControlStreamParser`` whole and, separately, in pieces cut where the input's next octets say.
+draft-16, or draft-18 when bit 0x20 is set too).  When its top bit is clear, its six low bits
+choose a message type of the profile and the octets are that message's payload (``decode_message``);
+when set, the octets are a control stream, fed to ``ControlStreamParser`` whole and, separately, in
+pieces cut where the input's next octets say.
 
 Contract: decoding returns a message or raises ``ProtocolViolation`` carrying a draft code (never
 INTERNAL_ERROR), nothing else (no ``NeedMoreData`` escapes a length-framed payload); a decoded message
@@ -48,13 +49,15 @@ from moqt.messages import (
     decode_message,
 )
 from moqt.params import AuthToken, RequestParameters, SetupParameters, SubscriptionFilter
-from moqt.profiles import DRAFT_14, DRAFT_16, Profile
+from moqt.profiles import DRAFT_14, DRAFT_16, DRAFT_18, Profile
 from moqt.wire import KeyValuePair, Location, encode_varint
 
 TARGET = "moqt_messages"
 INSTRUMENT = ("moqt.messages", "moqt.wire", "moqt.params", "moqt.profiles", "moqt.errors")
 DRAFT_16_BIT = 0x40
-MESSAGE_TYPES = {profile.draft: tuple(sorted(profile.message_types.codes.values())) for profile in (DRAFT_14, DRAFT_16)}
+DRAFT_18_BIT = 0x20  # with DRAFT_16_BIT
+MESSAGE_TYPES = {profile.draft: tuple(sorted(profile.message_types.codes.values()))
+                 for profile in (DRAFT_14, DRAFT_16, DRAFT_18)}
 VECTORS = ROOT / "tests" / "vectors" / "moqt" / "aiomoqt_vectors.json"
 Outcome = tuple[list[ControlMessage], tuple[SessionError, str] | None]
 
@@ -62,6 +65,8 @@ Outcome = tuple[list[ControlMessage], tuple[SessionError, str] | None]
 def check_resendable(message: ControlMessage, profile: Profile) -> None:
     frame = message.encode(profile)
     again = ControlStreamParser(profile).feed(frame)
+    if isinstance(message, PublishOk) and len(again) == 1 and isinstance(again[0], RequestOk):
+        again = [PublishOk.from_request_ok(again[0])]  # draft-18 sends PUBLISH_OK as a REQUEST_OK
     check(again == [message], f"{message.KIND.value} does not round-trip through encode")
 
 
@@ -103,7 +108,7 @@ def stream(cursor: Cursor, profile: Profile) -> None:
 def test_one_input(data: bytes) -> None:
     cursor = Cursor(data)
     selector = cursor.u8()
-    profile = DRAFT_16 if selector & DRAFT_16_BIT else DRAFT_14
+    profile = DRAFT_14 if not selector & DRAFT_16_BIT else DRAFT_18 if selector & DRAFT_18_BIT else DRAFT_16
     if selector & 0x80:
         stream(cursor, profile)
     else:

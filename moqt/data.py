@@ -3,7 +3,9 @@
 The stream and datagram type code points come from the profile's ``data_framing`` table (read once
 per parser or writer), as do draft-16's changes: types without a Publisher Priority (the
 subscription's applies), delta-coded extension types, no extensions on status objects, and fetch
-objects led by Serialization Flags (``moqt.data_fields``).
+objects led by Serialization Flags (``moqt.data_fields``); and draft-18's: vi64 integers (the
+profile's reader and writer), the FIRST_OBJECT subgroup bit, delta-coded fetch IDs (whose direction
+is the FETCH's group order: ``fetch_order``), padding streams and datagrams (``uni_stream_kind``).
 
 Why this shape:
 
@@ -29,26 +31,33 @@ from moqt.data_fields import (
     FetchPrior,
     FetchRangeEnd,
     Payload,
+    UniStreamKind,
     after,
     check_length_status,
     check_no_object_open,
     check_object,
     check_status_extensions,
+    encode_padding_datagram,
+    encode_padding_stream_type,
+    is_padding_datagram,
+    pull_delta_fields,
     pull_extensions,
     pull_flagged_fields,
     pull_length_and_status,
     pull_status,
+    push_delta_fields,
     push_flagged_fields,
     push_length_status,
     push_range_end,
     take_part,
+    uni_stream_kind,
     varint,
 )
 from moqt.errors import NeedMoreData, ProtocolViolation
-from moqt.kinds import ObjectStatus, SessionError, SubgroupIdMode
+from moqt.kinds import GroupOrder, ObjectStatus, SessionError, SubgroupIdMode
 from moqt.profiles import DRAFT_14, Profile
 from moqt.profiles.base import DatagramForm, SubgroupForm
-from moqt.wire import VARINT_MAX, Bytes, KeyValuePair, Reader, Writer, encode_kvps
+from moqt.wire import VARINT_MAX, Bytes, KeyValuePair, Reader, Vi64Reader, encode_kvps, make_reader, make_writer
 
 DEFAULT_MAX_OBJECT_SIZE: Final = 64 * 1024 * 1024
 DEFAULT_MAX_EXTENSIONS_LENGTH: Final = 16 * 1024
@@ -60,6 +69,7 @@ __all__ = [  # with the value types of moqt.data_fields that the codecs' users n
     "DEFAULT_MAX_EXTENSIONS_LENGTH", "DEFAULT_MAX_OBJECT_SIZE", "DEFAULT_PUBLISHER_PRIORITY", "DataEvent",
     "DataStreamParser", "Extensions", "FetchHeader", "FetchRangeEnd", "FetchWriter", "ObjectDatagram",
     "ObjectHeader", "Payload", "PayloadChunk", "StreamFinished", "StreamHeader", "SubgroupHeader", "SubgroupWriter",
+    "UniStreamKind", "encode_padding_datagram", "encode_padding_stream_type", "is_padding_datagram", "uni_stream_kind",
 ]
 
 
@@ -70,7 +80,8 @@ class SubgroupHeader:
     ``subgroup_id`` is 0 for mode ZERO; for FIRST_OBJECT it is None when decoded (the first object's
     ID supplies it) and, when encoding, the ID the first object must carry (or None: unchecked).
     ``default_priority`` (draft-16): the header has no Publisher Priority; decoded, the priority
-    reads 128 (the track's DEFAULT_PUBLISHER_PRIORITY is not applied yet).
+    reads 128 (the track's DEFAULT_PUBLISHER_PRIORITY is not applied yet). ``first_object``
+    (draft-18): the stream's first object is the subgroup's first.
     """
 
     track_alias: int
@@ -81,6 +92,7 @@ class SubgroupHeader:
     extensions_present: bool = False
     end_of_group: bool = False
     default_priority: bool = False
+    first_object: bool = False
 
     def __post_init__(self) -> None:
         if self.subgroup_id_mode == SubgroupIdMode.ZERO and self.subgroup_id != 0:
@@ -93,21 +105,22 @@ class SubgroupHeader:
     @classmethod
     def create(cls, track_alias: int, group_id: int, subgroup_id: int = 0, publisher_priority: int = 128, *,
                extensions_present: bool = False, end_of_group: bool = False,
-               default_priority: bool = False) -> SubgroupHeader:
+               default_priority: bool = False, first_object: bool = False) -> SubgroupHeader:
         """The shortest type: Subgroup ID 0 is implied, any other is written out."""
         mode = SubgroupIdMode.ZERO if subgroup_id == 0 else SubgroupIdMode.PRESENT
         return cls(track_alias, group_id, subgroup_id, publisher_priority, mode, extensions_present, end_of_group,
-                   default_priority)
+                   default_priority, first_object)
 
     def stream_type(self, profile: Profile = DRAFT_14) -> int:
-        form = SubgroupForm(self.subgroup_id_mode, self.extensions_present, self.end_of_group, self.default_priority)
+        form = SubgroupForm(self.subgroup_id_mode, self.extensions_present, self.end_of_group, self.default_priority,
+                            self.first_object)
         code = profile.data_framing.subgroup_codes.get(form)
         if code is None:
             raise ValueError(f"draft-{profile.draft} has no subgroup stream type for {form}")
         return code
 
     def encode(self, profile: Profile = DRAFT_14) -> bytes:
-        writer = Writer()
+        writer = make_writer(profile.layout.vi64)
         writer.push_varint(self.stream_type(profile))
         writer.push_varint(self.track_alias)
         writer.push_varint(self.group_id)
@@ -129,7 +142,7 @@ class SubgroupHeader:
             subgroup = 0
         priority = DEFAULT_PUBLISHER_PRIORITY if form.default_priority else reader.pull_uint8()
         return cls(alias, group, subgroup, priority, mode, form.extensions_present, form.end_of_group,
-                   form.default_priority)
+                   form.default_priority, form.first_object)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +152,7 @@ class FetchHeader:
     request_id: int
 
     def encode(self, profile: Profile = DRAFT_14) -> bytes:
-        writer = Writer()
+        writer = make_writer(profile.layout.vi64)
         writer.push_varint(profile.data_framing.fetch_header)
         writer.push_varint(self.request_id)
         return writer.getvalue()
@@ -187,8 +200,15 @@ class DataStreamParser:
     """Incremental parser of one unidirectional data stream (subgroup or fetch)."""
 
     def __init__(self, *, max_object_size: int = DEFAULT_MAX_OBJECT_SIZE,
-                 max_extensions_length: int = DEFAULT_MAX_EXTENSIONS_LENGTH, profile: Profile = DRAFT_14) -> None:
+                 max_extensions_length: int = DEFAULT_MAX_EXTENSIONS_LENGTH, profile: Profile = DRAFT_14,
+                 fetch_order: Callable[[int], GroupOrder] | None = None) -> None:
+        """``fetch_order`` (draft-18): the group order of the FETCH a fetch stream answers, asked with
+        its Request ID once the header is read (the Group ID deltas run that way); None: ascending."""
         self._profile = profile
+        self._reader: type[Reader] = Vi64Reader if profile.layout.vi64 else Reader
+        self._vi64 = profile.layout.vi64
+        self._fetch_order = fetch_order
+        self._descending = False
         framing = profile.data_framing  # read once: a stream's header is parsed at most once per parser
         self._framing = framing
         self._fetch_header = framing.fetch_header
@@ -250,7 +270,7 @@ class DataStreamParser:
             self._pending += view[pos:]
             return None
         if not self._pending:
-            reader = Reader(view[pos:])
+            reader = self._reader(view[pos:])
             try:
                 return parse(reader), pos + reader.pos
             except NeedMoreData as short:
@@ -258,7 +278,7 @@ class DataStreamParser:
                 return None
         take = min(available, self._max_header - old)
         self._pending += view[pos : pos + take]
-        reader = Reader(bytes(self._pending))
+        reader = self._reader(bytes(self._pending))
         try:
             event = parse(reader)
         except NeedMoreData as short:
@@ -292,7 +312,7 @@ class DataStreamParser:
             return self._parse_flagged_fetch_object(reader)
         group, subgroup, object_id = reader.pull_varint(), reader.pull_varint(), reader.pull_varint()
         priority = reader.pull_uint8()
-        extensions = pull_extensions(reader, self._max_ext, self._delta)
+        extensions = pull_extensions(reader, self._max_ext, self._delta, self._vi64)
         length, status = pull_length_and_status(reader, self._max_object, self._profile)
         check_status_extensions(status, extensions, self._framing)
         return ObjectHeader(group, subgroup, object_id, priority, extensions, status, length)
@@ -300,11 +320,14 @@ class DataStreamParser:
     def _parse_flagged_fetch_object(self, reader: Reader) -> DataEvent:
         """Draft-16: Serialization Flags, the fields they keep, and no Object Status (length 0 is an
         empty Normal object)."""
-        item = pull_flagged_fields(reader, self._fetch_prior)
+        if self._framing.fetch_id_deltas:
+            item = pull_delta_fields(reader, self._fetch_prior, self._descending)
+        else:
+            item = pull_flagged_fields(reader, self._fetch_prior)
         self._fetch_parsed = item
         if isinstance(item, FetchRangeEnd):
             return item
-        extensions = pull_extensions(reader, self._max_ext, self._delta) if item.extensions_present else ()
+        extensions = pull_extensions(reader, self._max_ext, self._delta, self._vi64) if item.extensions_present else ()
         length = reader.pull_length(self._max_object, "Object Payload")
         return ObjectHeader(item.group_id, item.subgroup_id, item.object_id, item.priority, extensions,
                             ObjectStatus.NORMAL, length)
@@ -316,7 +339,9 @@ class DataStreamParser:
         object_id = delta if self._prev_object_id is None else self._prev_object_id + delta + 1
         if object_id > VARINT_MAX:
             raise ProtocolViolation(_PV, "Object ID overflows")
-        extensions = pull_extensions(reader, self._max_ext, self._delta) if header.extensions_present else ()
+        extensions: Extensions = ()
+        if header.extensions_present:
+            extensions = pull_extensions(reader, self._max_ext, self._delta, self._vi64)
         length, status = pull_length_and_status(reader, self._max_object, self._profile)
         check_status_extensions(status, extensions, self._framing)
         subgroup = self._subgroup_id if self._subgroup_id is not None else header.subgroup_id
@@ -332,6 +357,8 @@ class DataStreamParser:
             self.header = event
             if isinstance(event, SubgroupHeader):
                 self._subgroup_id = event.subgroup_id
+            elif self._fetch_order is not None:
+                self._descending = self._fetch_order(event.request_id) is GroupOrder.DESCENDING
         elif isinstance(event, ObjectHeader):
             if isinstance(self.header, SubgroupHeader):
                 self._prev_object_id = event.object_id
@@ -379,10 +406,11 @@ class SubgroupWriter:
         if extensions and not self.header.extensions_present:
             raise ValueError("this subgroup's header type has no Extension Headers")
         check_length_status(payload_length, extensions, status, self.profile.data_framing)
-        head = Writer()
+        layout = self.profile.layout
+        head = make_writer(layout.vi64)
         head.push_varint(object_id if prev is None else object_id - prev - 1)
         if self.header.extensions_present:
-            head.push_length_prefixed(encode_kvps(list(extensions), delta=self.profile.layout.kvp_delta_types))
+            head.push_length_prefixed(encode_kvps(list(extensions), delta=layout.kvp_delta_types, vi64=layout.vi64))
         push_length_status(head, payload_length, status, self.profile)
         self._prev_object_id = object_id
         self.remaining = payload_length
@@ -405,6 +433,7 @@ class FetchWriter:
 
     header: FetchHeader
     profile: Profile = DRAFT_14
+    group_order: GroupOrder = GroupOrder.ASCENDING
     remaining: int = field(default=0, init=False)
     _prior: FetchPrior = field(default_factory=FetchPrior, init=False)
 
@@ -444,10 +473,14 @@ class FetchWriter:
                         status: ObjectStatus) -> bytes:
         if status != ObjectStatus.NORMAL:
             raise ValueError(f"draft-{self.profile.draft} fetch objects carry no Object Status")
-        head = Writer()
-        push_flagged_fields(head, self._prior, fields)
+        layout = self.profile.layout
+        head = make_writer(layout.vi64)
+        if self.profile.data_framing.fetch_id_deltas:
+            push_delta_fields(head, self._prior, fields, self.group_order is GroupOrder.DESCENDING)
+        else:
+            push_flagged_fields(head, self._prior, fields)
         if extensions:
-            head.push_length_prefixed(encode_kvps(list(extensions), delta=self.profile.layout.kvp_delta_types))
+            head.push_length_prefixed(encode_kvps(list(extensions), delta=layout.kvp_delta_types, vi64=layout.vi64))
         head.push_varint(payload_length)
         self._prior = after(self._prior, fields)
         self.remaining = payload_length
@@ -460,7 +493,7 @@ class FetchWriter:
         if not self.profile.data_framing.fetch_serialization_flags:
             raise ValueError(f"draft-{self.profile.draft} has no End of Range marker")
         end = FetchRangeEnd(group_id, object_id, unknown)
-        head = Writer()
+        head = make_writer(self.profile.layout.vi64)
         push_range_end(head, end)
         self._prior = after(self._prior, end)
         return head.getvalue()
@@ -514,7 +547,8 @@ class ObjectDatagram:
     def encode(self, profile: Profile = DRAFT_14) -> bytes:
         form = self.form_for(profile)
         check_length_status(len(self.payload), self.extensions, self.status, profile.data_framing)
-        writer = Writer()
+        layout = profile.layout
+        writer = make_writer(layout.vi64)
         writer.push_varint(profile.data_framing.datagram_codes[form])
         writer.push_varint(self.track_alias)
         writer.push_varint(self.group_id)
@@ -523,7 +557,7 @@ class ObjectDatagram:
         if not form.default_priority:
             writer.push_uint8(self.publisher_priority)
         if self.extensions:
-            writer.push_length_prefixed(encode_kvps(self.extensions, delta=profile.layout.kvp_delta_types))
+            writer.push_length_prefixed(encode_kvps(self.extensions, delta=layout.kvp_delta_types, vi64=layout.vi64))
         if form.status:
             writer.push_varint(profile.object_statuses.code(self.status))
         else:
@@ -533,8 +567,9 @@ class ObjectDatagram:
     @classmethod
     def decode(cls, data: Bytes, *, max_extensions_length: int = DEFAULT_MAX_EXTENSIONS_LENGTH,
                profile: Profile = DRAFT_14) -> ObjectDatagram:
-        """Decode a whole datagram; the payload is a view of ``data`` (zero-copy)."""
-        reader = Reader(data)
+        """Decode a whole datagram; the payload is a view of ``data`` (zero-copy). A draft-18 padding
+        datagram is not one (``is_padding_datagram`` first): its type reads as unknown here."""
+        reader = make_reader(data, profile.layout.vi64)
         try:
             return cls._decode(reader, max_extensions_length, profile)
         except NeedMoreData:
@@ -551,7 +586,7 @@ class ObjectDatagram:
         priority = DEFAULT_PUBLISHER_PRIORITY if form.default_priority else reader.pull_uint8()
         extensions: Extensions = ()
         if form.extensions_present:
-            extensions = pull_extensions(reader, max_ext, profile.layout.kvp_delta_types)
+            extensions = pull_extensions(reader, max_ext, profile.layout.kvp_delta_types, profile.layout.vi64)
             if not extensions:
                 raise ProtocolViolation(_PV, "datagram says Extensions Present with an empty block")
         if not form.status:

@@ -6,19 +6,34 @@ Why apart from ``moqt.data``: these are pure functions of octets and a profile, 
 fetched object; draft-16 starts each with Serialization Flags saying which fields are present and
 which repeat (or follow) the prior object's, and adds End of Range markers (``FetchRangeEnd``);
 ``moqt.data`` picks that layout when the profile's ``data_framing.fetch_serialization_flags`` says so.
+Draft-18 keeps the flags but writes Group and Object IDs as deltas from the prior object's (the
+group's direction the FETCH's group order; ``pull_delta_fields`` / ``push_delta_fields``), and adds
+padding streams and datagrams and the control stream among the unidirectional stream types
+(``uni_stream_kind``).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple, TypeAlias
 
-from moqt.errors import ProtocolViolation
+from moqt.errors import NeedMoreData, ProtocolViolation
 from moqt.kinds import ObjectStatus, SessionError
 from moqt.profiles import Profile
 from moqt.profiles.base import DataFraming
-from moqt.wire import VARINT_MAX, KeyValuePair, Reader, Writer, decode_kvp_block, encode_varint
+from moqt.wire import (
+    VARINT_MAX,
+    Bytes,
+    KeyValuePair,
+    Reader,
+    Vi64Writer,
+    Writer,
+    decode_kvp_block,
+    decode_vi64,
+    encode_varint,
+)
 
 _PV: Final = SessionError.PROTOCOL_VIOLATION
 
@@ -36,9 +51,9 @@ def pull_status(reader: Reader, profile: Profile) -> ObjectStatus:
     return status
 
 
-def pull_extensions(reader: Reader, limit: int, delta: bool) -> Extensions:
+def pull_extensions(reader: Reader, limit: int, delta: bool, vi64: bool = False) -> Extensions:
     length = reader.pull_length(limit, "Extension Headers")
-    return decode_kvp_block(reader.pull_bytes(length), delta=delta)
+    return decode_kvp_block(reader.pull_bytes(length), delta=delta, vi64=vi64)
 
 
 def pull_length_and_status(reader: Reader, limit: int, profile: Profile) -> tuple[int, ObjectStatus]:
@@ -224,3 +239,155 @@ def after(prior: FetchPrior, item: FetchFields | FetchRangeEnd) -> FetchPrior:
         return prior._replace(group_id=item.group_id, object_id=item.object_id)
     # a datagram has no Subgroup ID: the next object's "prior Subgroup ID" reads 0 (as aiomoqt reads it)
     return FetchPrior(item.group_id, 0 if item.datagram else item.subgroup_id, item.object_id, item.priority)
+
+
+# --- draft-18 fetch objects: Group and Object ID deltas -----------------------------------------------
+
+def pull_delta_fields(reader: Reader, prior: FetchPrior, descending: bool) -> FetchFields | FetchRangeEnd:
+    """Draft-18 Serialization Flags and fields: the first object carries both IDs absolute, later
+    ones a Group ID Delta (+1, down for a descending fetch; the Object ID then absolute) or an Object
+    ID Delta from the prior object's; an End of Range carries both IDs absolute."""
+    flags = reader.pull_varint()
+    if flags in (END_OF_NON_EXISTENT_RANGE, END_OF_UNKNOWN_RANGE):
+        return FetchRangeEnd(reader.pull_varint(), reader.pull_varint(), flags == END_OF_UNKNOWN_RANGE)
+    if flags >= 0x80:
+        raise ProtocolViolation(_PV, f"fetch object Serialization Flags 0x{flags:x}")
+    first = prior.group_id is None
+    if first and (flags & (GROUP_ID_PRESENT | OBJECT_ID_PRESENT)) != GROUP_ID_PRESENT | OBJECT_ID_PRESENT:
+        raise ProtocolViolation(_PV, "the first fetched object lacks its Group ID or Object ID")
+    group = _prior(prior.group_id, "Group ID") if not flags & GROUP_ID_PRESENT else _group(
+        reader.pull_varint(), prior.group_id, descending)
+    new_group = bool(flags & GROUP_ID_PRESENT)
+    mode = flags & SUBGROUP_MASK
+    if flags & DATAGRAM or mode == SUBGROUP_ZERO:
+        subgroup = 0
+    elif mode == SUBGROUP_PRESENT:
+        subgroup = reader.pull_varint()
+    else:
+        subgroup = _prior(prior.subgroup_id, "Subgroup ID") + (mode == SUBGROUP_NEXT)
+    if flags & OBJECT_ID_PRESENT:
+        delta = reader.pull_varint()
+        object_id = delta if new_group else _prior(prior.object_id, "Object ID") + delta
+    else:
+        object_id = _prior(prior.object_id, "Object ID") + 1
+    priority = reader.pull_uint8() if flags & PRIORITY_PRESENT else _prior(prior.priority, "priority")
+    if subgroup > VARINT_MAX or object_id > VARINT_MAX:
+        raise ProtocolViolation(_PV, "a fetched object's Subgroup or Object ID overflows")
+    datagram = bool(flags & DATAGRAM)
+    return FetchFields(group, object_id if datagram else subgroup, object_id, priority,
+                       bool(flags & EXTENSIONS_PRESENT), datagram)
+
+
+def _group(delta: int, prior: int | None, descending: bool) -> int:
+    if prior is None:
+        return delta
+    group = prior - delta - 1 if descending else prior + delta + 1
+    if not 0 <= group <= VARINT_MAX:
+        raise ProtocolViolation(_PV, "a fetched object's Group ID Delta leaves the Group ID range")
+    return group
+
+
+def push_delta_fields(writer: Writer, prior: FetchPrior, fields: FetchFields, descending: bool) -> None:
+    """The draft-18 flags and fields of ``fields`` after ``prior`` (a new group's IDs written whole,
+    as aiomoqt writes them); objects must follow the fetch's group order, IDs ascending in a group."""
+    flags = EXTENSIONS_PRESENT if fields.extensions_present else 0
+    group = object_id = subgroup = None
+    if prior.group_id is None or fields.group_id != prior.group_id:
+        flags |= GROUP_ID_PRESENT | OBJECT_ID_PRESENT
+        group, object_id = fields.group_id, fields.object_id
+        if prior.group_id is not None:
+            group = prior.group_id - fields.group_id - 1 if descending else fields.group_id - prior.group_id - 1
+            if group < 0:
+                raise ValueError(f"group {fields.group_id} does not follow {prior.group_id} in the fetch's order")
+    elif prior.object_id is None or fields.object_id != prior.object_id + 1:
+        object_id = fields.object_id - (prior.object_id or 0)
+        if object_id < 0:
+            raise ValueError(f"object {fields.object_id} does not follow {prior.object_id} in its group")
+        flags |= OBJECT_ID_PRESENT
+    if fields.priority != prior.priority:
+        flags |= PRIORITY_PRESENT
+    flags, subgroup = _subgroup_flags(flags, prior, fields)
+    writer.push_varint(flags)
+    for value in (group, subgroup, object_id):
+        if value is not None:
+            writer.push_varint(value)
+    if flags & PRIORITY_PRESENT:
+        writer.push_uint8(fields.priority)
+
+
+def _subgroup_flags(flags: int, prior: FetchPrior, fields: FetchFields) -> tuple[int, int | None]:
+    if fields.datagram:
+        return flags | DATAGRAM, None
+    if fields.subgroup_id == 0:
+        return flags | SUBGROUP_ZERO, None
+    if fields.subgroup_id == prior.subgroup_id:
+        return flags | SUBGROUP_PRIOR, None
+    if prior.subgroup_id is not None and fields.subgroup_id == prior.subgroup_id + 1:
+        return flags | SUBGROUP_NEXT, None
+    return flags | SUBGROUP_PRESENT, fields.subgroup_id
+
+
+# --- draft-18 unidirectional stream types and padding -----------------------------------------------
+
+class UniStreamKind(enum.Enum):
+    """What a unidirectional stream is, by its first varint (draft-18 adds two kinds)."""
+
+    DATA = "DATA"  # a subgroup or fetch stream: ``moqt.data.DataStreamParser``
+    CONTROL = "CONTROL"  # draft-18: the peer's control stream, beginning with SETUP
+    PADDING = "PADDING"  # draft-18: zeros to discard
+
+
+def uni_stream_kind(data: Bytes, profile: Profile) -> UniStreamKind | None:
+    """The kind of the unidirectional stream that begins with ``data`` (None: its type is not all
+    there yet); an unknown type closes the session. Draft-14/16 streams are all data streams."""
+    framing = profile.data_framing
+    if framing.control_stream_type is None and framing.padding_stream_type is None:
+        return UniStreamKind.DATA
+    try:
+        stream_type, _ = decode_vi64(data) if profile.layout.vi64 else _decode_quic(data)
+    except NeedMoreData:
+        return None
+    if stream_type == framing.control_stream_type:
+        return UniStreamKind.CONTROL
+    if stream_type == framing.padding_stream_type:
+        return UniStreamKind.PADDING
+    if stream_type == framing.fetch_header or stream_type in framing.subgroup_types:
+        return UniStreamKind.DATA
+    raise ProtocolViolation(_PV, f"unknown unidirectional stream type 0x{stream_type:x}")
+
+
+def _decode_quic(data: Bytes) -> tuple[int, int]:
+    reader = Reader(data)
+    return reader.pull_varint(), reader.pos
+
+
+def is_padding_datagram(data: Bytes, profile: Profile) -> bool:
+    """Whether a datagram is draft-18 padding (to be discarded whole)."""
+    kind = profile.data_framing.padding_datagram_type
+    if kind is None or not len(data):
+        return False
+    try:
+        return decode_vi64(data)[0] == kind
+    except NeedMoreData:
+        return False
+
+
+def encode_padding_stream_type(profile: Profile) -> bytes:
+    """The first octets of a padding stream (zeros follow, as many as the sender likes)."""
+    return _padding_type(profile.data_framing.padding_stream_type, profile)
+
+
+def encode_padding_datagram(size: int, profile: Profile) -> bytes:
+    """A padding datagram of ``size`` octets in all (its type then zeros)."""
+    head = _padding_type(profile.data_framing.padding_datagram_type, profile)
+    if size < len(head):
+        raise ValueError(f"a padding datagram is at least {len(head)} octets")
+    return head + bytes(size - len(head))
+
+
+def _padding_type(kind: int | None, profile: Profile) -> bytes:
+    if kind is None:
+        raise ValueError(f"draft-{profile.draft} has no padding")
+    writer = Vi64Writer()
+    writer.push_varint(kind)
+    return writer.getvalue()

@@ -10,8 +10,11 @@ Encoding order is canonical: known parameters by ascending type, then ``unknown`
 (draft-16 delta-codes the types, so there every pair goes by ascending type).
 
 Draft-16 moved the fields of SUBSCRIBE, PUBLISH, FETCH and their answers into parameters and closes
-the session on an unknown Message Parameter; ``RequestParameters`` holds every parameter either draft
+the session on an unknown Message Parameter; ``RequestParameters`` holds every parameter any draft
 defines, and encoding one the profile lacks is refused (``ValueError``), never silently dropped.
+Draft-18 writes Message Parameters as Type-Value pairs whose value encoding each type defines (no
+even/odd rule, so an unknown one cannot be skipped) and closes on one outside its messages; that
+codec is ``moqt.params_typed`` (``Layout.typed_parameter_values``).
 """
 
 from __future__ import annotations
@@ -23,8 +26,21 @@ from typing import Any, Final
 
 from moqt.errors import NeedMoreData, ProtocolViolation
 from moqt.kinds import AliasType, FilterType, GroupOrder, MessageKind, RequestParameter, SessionError, SetupParameter
+from moqt.params_typed import RawValue, pull_typed, push_typed
 from moqt.profiles import DRAFT_14, Profile
-from moqt.wire import VARINT_MAX, KeyValuePair, Location, Reader, Writer, kvp_order, pull_kvps, push_kvps
+from moqt.wire import (
+    VARINT_MAX,
+    KeyValuePair,
+    Location,
+    Namespace,
+    Reader,
+    Writer,
+    kvp_order,
+    make_reader,
+    make_writer,
+    pull_kvps,
+    push_kvps,
+)
 
 _KVF: Final = SessionError.KEY_VALUE_FORMATTING_ERROR
 _PV: Final = SessionError.PROTOCOL_VIOLATION
@@ -76,7 +92,7 @@ class AuthToken:
         return 16 + len(self.value or b"")
 
     def encode(self, profile: Profile = DRAFT_14) -> bytes:
-        writer = Writer()
+        writer = make_writer(profile.layout.vi64)
         writer.push_varint(profile.alias_types.code(self.alias_type))
         if self.alias is not None:
             writer.push_varint(self.alias)
@@ -89,7 +105,7 @@ class AuthToken:
     @classmethod
     def decode(cls, data: bytes, profile: Profile = DRAFT_14) -> AuthToken:
         """A Token that cannot be decoded closes the session with KEY_VALUE_FORMATTING_ERROR."""
-        reader = Reader(data)
+        reader = make_reader(data, profile.layout.vi64)
         try:
             raw_type = reader.pull_varint()
             alias_type = profile.alias_types.name(raw_type)
@@ -158,7 +174,7 @@ class SetupParameters:
     unknown: tuple[KeyValuePair, ...] = ()
 
     def _pairs(self, profile: Profile) -> list[KeyValuePair]:
-        t, code = SetupParameter, profile.setup_parameters.code
+        t, code = SetupParameter, _setup_code(profile)
         pairs: list[KeyValuePair] = []
         if self.path is not None:
             pairs.append(KeyValuePair(code(t.PATH), self.path.encode("utf-8")))
@@ -173,18 +189,23 @@ class SetupParameters:
             pairs.append(KeyValuePair(code(t.MOQT_IMPLEMENTATION), self.implementation.encode("utf-8")))
         return kvp_order(sorted(pairs, key=_type_of) + list(self.unknown), profile.layout.kvp_delta_types)
 
-    def encode(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
-        _push_pairs(writer, self._pairs(profile), profile)
+    def encode(self, writer: Writer, profile: Profile = DRAFT_14, *, counted: bool = True) -> None:
+        """Number of Parameters then the pairs; not ``counted`` (draft-18 SETUP), the pairs alone."""
+        if counted:
+            _push_pairs(writer, self._pairs(profile), profile)
+        else:
+            push_kvps(writer, self._pairs(profile), delta=profile.layout.kvp_delta_types)
 
     @classmethod
-    def decode(cls, reader: Reader, profile: Profile = DRAFT_14) -> SetupParameters:
+    def decode(cls, reader: Reader, profile: Profile = DRAFT_14, *, counted: bool = True) -> SetupParameters:
+        """Counted pairs, or (draft-18 SETUP) pairs to the end of the reader."""
         t = SetupParameter
         ints: dict[SetupParameter, int] = {}
         texts: dict[SetupParameter, str] = {}
         tokens: list[AuthToken] = []
         unknown: list[KeyValuePair] = []
         seen: set[int] = set()
-        for pair in _pull_pairs(reader, profile):
+        for pair in _pull_pairs(reader, profile) if counted else _pull_to_end(reader, profile):
             value = pair.value
             kind = profile.setup_parameters.name(pair.type)
             if kind is None:
@@ -206,6 +227,26 @@ class SetupParameters:
             implementation=texts.get(t.MOQT_IMPLEMENTATION),
             unknown=tuple(unknown),
         )
+
+
+def _setup_code(profile: Profile) -> Callable[[SetupParameter], int]:
+    def code(kind: SetupParameter) -> int:
+        number = profile.setup_parameters.codes.get(kind)
+        if number is None:
+            raise ValueError(f"draft-{profile.draft} has no {kind.value} setup parameter")
+        return number
+    return code
+
+
+def _pull_to_end(reader: Reader, profile: Profile) -> list[KeyValuePair]:
+    pairs: list[KeyValuePair] = []
+    previous: int | None = 0 if profile.layout.kvp_delta_types else None
+    while not reader.at_end():
+        pair = KeyValuePair.decode(reader, max_value_length=profile.max_kvp_value_length, previous=previous)
+        pairs.append(pair)
+        if previous is not None:
+            previous = pair.type
+    return pairs
 
 
 def _setup_text(kind: SetupParameter, raw: bytes) -> str:
@@ -234,10 +275,15 @@ def check_filter(filter_type: FilterType, start: Location | None, end_group: int
 
 def push_filter(writer: Writer, profile: Profile, filter_type: FilterType, start: Location | None,
                 end_group: int | None) -> None:
+    """The filter's fields; draft-18 writes AbsoluteRange's End Group as a delta from the Start Group."""
     writer.push_varint(profile.filter_types.code(filter_type))
     if start is not None:
         start.encode(writer)
     if end_group is not None:
+        if profile.layout.filter_end_group_delta:
+            if start is None or end_group < start.group:
+                raise ValueError(f"End Group {end_group} before the Start Group")
+            end_group -= start.group
         writer.push_varint(end_group)
 
 
@@ -251,6 +297,10 @@ def pull_filter(reader: Reader, profile: Profile) -> tuple[FilterType, Location 
         start = Location.decode(reader)
     if filter_type == FilterType.ABSOLUTE_RANGE:
         end = reader.pull_varint()
+        if profile.layout.filter_end_group_delta and start is not None:
+            end += start.group
+            if end > VARINT_MAX:  # the draft's bound is 2^64-1; our Group IDs end at 2^62-1
+                raise ProtocolViolation(_PV, "End Group Delta takes the End Group past the Group ID range")
     return filter_type, start, end
 
 
@@ -266,7 +316,7 @@ class SubscriptionFilter:
         check_filter(self.filter_type, self.start, self.end_group)
 
     def encode(self, profile: Profile) -> bytes:
-        writer = Writer()
+        writer = make_writer(profile.layout.vi64)
         push_filter(writer, profile, self.filter_type, self.start, self.end_group)
         return writer.getvalue()
 
@@ -278,9 +328,9 @@ UNFILTERED: Final = SubscriptionFilter(FilterType.ABSOLUTE_START, Location(0, 0)
 
 # --- Message (version-specific) parameters --------------------------------------------------------
 
-def _whole(raw: bytes, parse: Callable[[Reader], Any], error: SessionError, what: str) -> Any:
+def _whole(raw: bytes, parse: Callable[[Reader], Any], error: SessionError, what: str, vi64: bool = False) -> Any:
     """A parameter value that must be exactly one structure (a Location, a Subscription Filter)."""
-    reader = Reader(raw)
+    reader = make_reader(raw, vi64)
     try:
         value = parse(reader)
     except NeedMoreData:
@@ -303,9 +353,9 @@ def _value(kind: RequestParameter, value: int | bytes, profile: Profile) -> Any:
         if kind is t.AUTHORIZATION_TOKEN:
             return AuthToken.decode(value, profile)
         if kind is t.LARGEST_OBJECT:
-            return _whole(value, Location.decode, _KVF, "LARGEST_OBJECT")
+            return _whole(value, Location.decode, _KVF, "LARGEST_OBJECT", profile.layout.vi64)
         if kind is t.SUBSCRIPTION_FILTER:
-            parsed = _whole(value, lambda r: pull_filter(r, profile), _PV, "SUBSCRIPTION_FILTER")
+            parsed = _whole(value, lambda r: pull_filter(r, profile), _PV, "SUBSCRIPTION_FILTER", profile.layout.vi64)
             return SubscriptionFilter(*parsed)
         return None
     if kind is t.FORWARD:
@@ -328,9 +378,12 @@ _FIELDS: Final = {
     _T.DELIVERY_TIMEOUT: "delivery_timeout", _T.MAX_CACHE_DURATION: "max_cache_duration", _T.EXPIRES: "expires",
     _T.LARGEST_OBJECT: "largest_object", _T.FORWARD: "forward", _T.SUBSCRIBER_PRIORITY: "subscriber_priority",
     _T.SUBSCRIPTION_FILTER: "subscription_filter", _T.GROUP_ORDER: "group_order",
-    _T.NEW_GROUP_REQUEST: "new_group_request",
+    _T.NEW_GROUP_REQUEST: "new_group_request", _T.SUBGROUP_DELIVERY_TIMEOUT: "subgroup_delivery_timeout",
+    _T.RENDEZVOUS_TIMEOUT: "rendezvous_timeout", _T.FILL_TIMEOUT: "fill_timeout",
+    _T.TRACK_NAMESPACE_PREFIX: "track_namespace_prefix",
 }
-_INT_FIELDS: Final = frozenset({_T.DELIVERY_TIMEOUT, _T.MAX_CACHE_DURATION, _T.EXPIRES, _T.NEW_GROUP_REQUEST})
+_INT_FIELDS: Final = frozenset({_T.DELIVERY_TIMEOUT, _T.MAX_CACHE_DURATION, _T.EXPIRES, _T.NEW_GROUP_REQUEST,
+                                _T.SUBGROUP_DELIVERY_TIMEOUT, _T.RENDEZVOUS_TIMEOUT, _T.FILL_TIMEOUT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,8 +391,9 @@ class RequestParameters:
     """Version-specific parameters of SUBSCRIBE, FETCH, PUBLISH, ... (draft-14 section 9.2.1; draft-16
     "Message Parameters").
 
-    ``delivery_timeout``, ``max_cache_duration`` and ``expires`` are milliseconds. The fields after
-    ``unknown`` exist only in draft-16; where a message has a field of its own for one (SUBSCRIBE's
+    ``delivery_timeout``, ``max_cache_duration``, ``expires`` and the other timeouts are milliseconds
+    (draft-18 names ``delivery_timeout`` OBJECT_DELIVERY_TIMEOUT). The fields after ``unknown`` exist
+    from draft-16 on, the last four from draft-18; where a message has a field of its own for one (SUBSCRIBE's
     priority, SUBSCRIBE_OK's Largest Location, ...) the message's codec carries it there instead.
     """
 
@@ -354,9 +408,14 @@ class RequestParameters:
     subscription_filter: SubscriptionFilter | None = None
     group_order: GroupOrder | None = None
     new_group_request: int | None = None
+    subgroup_delivery_timeout: int | None = None
+    rendezvous_timeout: int | None = None
+    fill_timeout: int | None = None
+    track_namespace_prefix: Namespace | None = None
 
     def __post_init__(self) -> None:
-        for value in (self.delivery_timeout, self.max_cache_duration, self.expires, self.new_group_request):
+        for value in (self.delivery_timeout, self.max_cache_duration, self.expires, self.new_group_request,
+                      self.subgroup_delivery_timeout, self.rendezvous_timeout, self.fill_timeout):
             if value is not None and not 0 <= value <= VARINT_MAX:
                 raise ValueError(f"parameter value {value} outside the varint range")
         if self.subscriber_priority is not None and not 0 <= self.subscriber_priority <= 0xFF:
@@ -375,14 +434,20 @@ class RequestParameters:
         return kvp_order(sorted(pairs, key=_type_of) + list(self.unknown), profile.layout.kvp_delta_types)
 
     def encode(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
+        if profile.layout.typed_parameter_values:
+            push_typed(writer, self._typed_items(profile))
+            return
         _push_pairs(writer, self._pairs(profile), profile)
 
     @classmethod
     def decode(cls, reader: Reader, message: MessageKind, profile: Profile = DRAFT_14) -> RequestParameters:
         """Parameters of ``message``; a known parameter outside its scope is kept as unknown (ignored).
 
-        An unknown parameter is kept too in draft-14 and closes the session in draft-16.
+        An unknown parameter is kept too in draft-14 and closes the session in draft-16 and later
+        (draft-18: so does one outside its scope).
         """
+        if profile.layout.typed_parameter_values:
+            return cls._from_typed(pull_typed(reader, message, profile), profile)
         fields: dict[str, Any] = {}
         tokens: list[AuthToken] = []
         unknown: list[KeyValuePair] = []
@@ -405,6 +470,37 @@ class RequestParameters:
         return cls(authorization_tokens=tuple(tokens), unknown=tuple(unknown), **fields)
 
 
+    def _typed_items(self, profile: Profile) -> list[tuple[int, RequestParameter, RawValue]]:
+        """Draft-18: every parameter in its own value encoding (an unknown one has none: refused)."""
+        if self.unknown:
+            raise ValueError(f"draft-{profile.draft} Message Parameters are all known; cannot send {self.unknown}")
+        items: list[tuple[int, RequestParameter, RawValue]] = []
+        for kind, name in _FIELDS.items():
+            value = getattr(self, name)
+            if value is not None:
+                raw = value if isinstance(value, Location | tuple) else _raw(value, profile)
+                items.append((_code(profile, kind), kind, raw))
+        token = RequestParameter.AUTHORIZATION_TOKEN
+        items += [(_code(profile, token), token, tok.encode(profile)) for tok in self.authorization_tokens]
+        return items
+
+    @classmethod
+    def _from_typed(cls, items: list[tuple[RequestParameter, RawValue]], profile: Profile) -> RequestParameters:
+        fields: dict[str, Any] = {}
+        tokens: list[AuthToken] = []
+        seen: set[RequestParameter] = set()
+        for kind, raw in items:
+            if kind is RequestParameter.AUTHORIZATION_TOKEN:
+                assert isinstance(raw, bytes)
+                tokens.append(AuthToken.decode(raw, profile))
+                continue
+            if kind in seen:
+                raise ProtocolViolation(_PV, f"parameter {kind.value} repeated")
+            seen.add(kind)
+            fields[_FIELDS[kind]] = raw if isinstance(raw, Location | tuple) else _value(kind, raw, profile)
+        return cls(authorization_tokens=tuple(tokens), **fields)
+
+
 def _code(profile: Profile, kind: RequestParameter) -> int:
     code = profile.request_parameters.codes.get(kind)
     if code is None:
@@ -419,7 +515,7 @@ def _raw(value: Any, profile: Profile) -> int | bytes:
     if isinstance(value, GroupOrder):
         return profile.group_orders.code(value)
     if isinstance(value, Location):
-        writer = Writer()
+        writer = make_writer(profile.layout.vi64)
         value.encode(writer)
         return writer.getvalue()
     if isinstance(value, SubscriptionFilter):

@@ -9,6 +9,13 @@ the reader waits for that many bytes, so a peer cannot make us buffer an absurd 
 Structures (draft-14 "Notational Conventions"): varint (RFC 9000 section 16), byte strings ``(b)``,
 Track Namespace tuples, Key-Value-Pair, Location and Reason Phrase. Draft-16 writes a Key-Value-Pair's
 type as a delta from the previous pair's (``delta=True`` below); the caller reads which from its profile.
+
+Draft-18 replaces the QUIC varint by the vi64 (section "Variable-Length Integers": the count of leading
+1 bits of the first octet gives the length, 1..9 octets, any length that holds the value is valid).
+``Vi64Reader`` / ``Vi64Writer`` override only ``pull_varint`` / ``push_varint``, so every structure
+below reads and writes either encoding unchanged, and draft-14's hot path keeps its own methods
+(no per-call test of the encoding); ``make_reader`` / ``make_writer`` pick the class by the
+profile's ``layout.vi64``.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from moqt.errors import NeedMoreData, ProtocolViolation
 from moqt.kinds import SessionError
 
 VARINT_MAX: Final = (1 << 62) - 1
+VI64_MAX: Final = (1 << 64) - 1
 #: Draft-16: "the previous Type value plus the Delta Type MUST NOT be greater than 2^64 - 1".
 KVP_TYPE_MAX: Final = (1 << 64) - 1
 MAX_NAMESPACE_FIELDS: Final = 32
@@ -65,6 +73,48 @@ def decode_varint(data: Bytes) -> tuple[int, int]:
     return value, reader.pos
 
 
+# --- vi64 (draft-18) -----------------------------------------------------------------------------
+
+#: Octets of the vi64 whose first octet is the index (its leading 1 bits plus one; 0xFF: nine).
+_VI64_SIZE: Final = bytes(min(9, 8 - (b ^ 0xFF).bit_length() + 1) for b in range(256))
+#: The value bits of an n-octet vi64 (n < 9), after the length prefix.
+_VI64_MASK: Final = tuple((1 << (7 * n)) - 1 for n in range(9))
+#: The length prefix of an n-octet vi64 (n < 9) in place: n-1 one bits then a zero bit.
+_VI64_PREFIX: Final = tuple(((1 << n) - 2) << (7 * n) for n in range(9))
+
+
+def vi64_size(value: int) -> int:
+    """Octets of the minimal vi64 encoding of ``value``."""
+    if value < 0 or value > VI64_MAX:
+        raise ValueError(f"{value} does not fit a vi64")
+    if value < 0x80:
+        return 1
+    return min(9, (value.bit_length() + 6) // 7)
+
+
+def encode_vi64(value: int) -> bytes:
+    """Minimal vi64 encoding (longer ones are valid too; we always write the shortest)."""
+    if 0 <= value < 0x80:
+        return bytes((value,))
+    size = vi64_size(value)
+    if size == 9:
+        return b"\xff" + value.to_bytes(8, "big")
+    return (value | _VI64_PREFIX[size]).to_bytes(size, "big")
+
+
+def decode_vi64(data: Bytes) -> tuple[int, int]:
+    """(value, octets used) of the vi64 at the start of ``data``: every length, all 64 bits."""
+    view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    if not len(view):
+        raise NeedMoreData(1)
+    size = _VI64_SIZE[view[0]]
+    if len(view) < size:
+        raise NeedMoreData(size)
+    if size == 9:
+        return int.from_bytes(view[1:9], "big"), 9
+    return int.from_bytes(view[:size], "big") & _VI64_MASK[size], size
+
+
 class Reader:
     """Reads fields from a byte view; never copies, raises ``NeedMoreData`` at the end of input."""
 
@@ -108,6 +158,9 @@ class Reader:
         self._pos += size
         return value
 
+    #: A Key-Value-Pair's (Delta) Type: a varint; a vi64 reader reads all 64 bits of it.
+    pull_wide = pull_varint
+
     def pull_bytes(self, count: int) -> memoryview:
         """A view of the next ``count`` octets (zero-copy)."""
         self._need(count)
@@ -126,6 +179,39 @@ class Reader:
         """A ``(b)`` field: varint length (at most ``limit``) then that many octets."""
         length = self.pull_length(limit, what, error)
         return self.pull_bytes(length)
+
+
+class Vi64Reader(Reader):
+    """A ``Reader`` whose integers are vi64s (draft-18).
+
+    ``pull_varint`` refuses a value above 2^62-1: our IDs, Locations, aliases and lengths are 62-bit
+    in every draft (the session, relay and caches share them), so such a value is answered with
+    PROTOCOL_VIOLATION rather than held; ``pull_wide`` (Key-Value-Pair types) reads all 64 bits.
+    """
+
+    __slots__ = ()
+
+    def pull_varint(self) -> int:
+        value = self.pull_wide()
+        if value > VARINT_MAX:
+            raise ProtocolViolation(_PV, f"vi64 value {value} above 2^62-1, which this implementation does not hold")
+        return value
+
+    def pull_wide(self) -> int:
+        pos = self._pos
+        if pos >= self._end:
+            raise NeedMoreData(pos + 1)
+        data = self._data
+        first = data[pos]
+        if first < 0x80:
+            self._pos = pos + 1
+            return first
+        size = _VI64_SIZE[first]
+        self._need(size)
+        self._pos = pos + size
+        if size == 9:
+            return int.from_bytes(data[pos + 1 : pos + 9], "big")
+        return int.from_bytes(data[pos : pos + size], "big") & _VI64_MASK[size]
 
 
 class Writer:
@@ -161,6 +247,25 @@ class Writer:
     def push_length_prefixed(self, data: Bytes) -> None:
         self.push_varint(len(data))
         self._buf += data
+
+
+class Vi64Writer(Writer):
+    """A ``Writer`` whose integers are vi64s (draft-18)."""
+
+    __slots__ = ()
+
+    def push_varint(self, value: int) -> None:
+        self._buf += encode_vi64(value)
+
+
+def make_reader(data: Bytes, vi64: bool = False) -> Reader:
+    """The reader of a profile's integers (``profile.layout.vi64``)."""
+    return Vi64Reader(data) if vi64 else Reader(data)
+
+
+def make_writer(vi64: bool = False) -> Writer:
+    """The writer of a profile's integers (``profile.layout.vi64``)."""
+    return Vi64Writer() if vi64 else Writer()
 
 
 # --- Track Namespace and Full Track Name (section "Track Naming") ------------------------------
@@ -270,7 +375,7 @@ class KeyValuePair:
     def decode(cls, reader: Reader, *, max_value_length: int = MAX_KVP_VALUE_LENGTH,
                previous: int | None = None) -> KeyValuePair:
         """One pair; with ``previous`` (draft-16) the type read is a delta from that type."""
-        kind = reader.pull_varint()
+        kind = reader.pull_wide()
         if previous is not None:
             kind += previous
             if kind > KVP_TYPE_MAX:
@@ -312,20 +417,21 @@ def pull_kvps(reader: Reader, count: int, *, max_value_length: int = MAX_KVP_VAL
     return pairs
 
 
-def encode_kvps(pairs: tuple[KeyValuePair, ...] | list[KeyValuePair], *, delta: bool = False) -> bytes:
+def encode_kvps(pairs: tuple[KeyValuePair, ...] | list[KeyValuePair], *, delta: bool = False,
+                vi64: bool = False) -> bytes:
     """Key-Value-Pairs back to back, with no count or length in front."""
-    writer = Writer()
+    writer = make_writer(vi64)
     push_kvps(writer, pairs, delta=delta)
     return writer.getvalue()
 
 
 def decode_kvp_block(data: Bytes, *, max_value_length: int = MAX_KVP_VALUE_LENGTH,
-                     error: SessionError = _PV, delta: bool = False) -> tuple[KeyValuePair, ...]:
+                     error: SessionError = _PV, delta: bool = False, vi64: bool = False) -> tuple[KeyValuePair, ...]:
     """Key-Value-Pairs that exactly fill ``data`` (an Extension Headers block, Immutable Extensions).
 
     A pair that runs past the end is a framing error reported with ``error``.
     """
-    reader = Reader(data)
+    reader = make_reader(data, vi64)
     pairs: list[KeyValuePair] = []
     previous: int | None = 0 if delta else None
     try:

@@ -35,11 +35,12 @@ DRAFT_14_ENUMS = frozenset({
 #: text repeats unchanged: setup parameters, session errors, filter and fetch types, alias types) and
 #: the tests that check its tables against the draft's (the data-stream vectors of test_moqt_data
 #: are written in draft-14 types).
-ALLOWED = frozenset({"moqt/profiles/draft14.py", "moqt/profiles/draft16.py", "tests/test_moqt_data.py",
+ALLOWED = frozenset({"moqt/profiles/draft14.py", "moqt/profiles/draft16.py", "moqt/profiles/draft18.py",
+                     "tests/test_moqt_data.py",
                      "tests/test_moqt_profile.py"})
 #: The sans-I/O core: it reads every number from the profile it was given.
-CORE = ("moqt/session/", "moqt/messages/", "moqt/params.py", "moqt/wire.py", "moqt/events.py", "moqt/kinds.py",
-        "moqt/errors.py", "moqt/testing.py", "moqt/data.py", "moqt/data_fields.py")
+CORE = ("moqt/session/", "moqt/messages/", "moqt/params.py", "moqt/params_typed.py", "moqt/wire.py", "moqt/events.py",
+        "moqt/kinds.py", "moqt/errors.py", "moqt/testing.py", "moqt/data.py", "moqt/data_fields.py")
 
 Table = tuple[str, CodeMap[Any], type[enum.Enum], type[IntEnum]]
 D14_TABLES: list[Table] = [

@@ -1,18 +1,28 @@
 """MOQT control messages as frozen slotted dataclasses, their codec and the control stream parser."""
 
-from moqt.messages.base import ControlMessage, MessageTooLarge, RequestErrorMessage, RequestIdMessage
+from moqt.messages.base import (
+    STREAM_REQUEST_ID,
+    ControlMessage,
+    MessageTooLarge,
+    Redirect,
+    RequestErrorMessage,
+    RequestIdMessage,
+)
 from moqt.messages.codec import (
     ALL_MESSAGES,
     ControlStreamParser,
+    control_stream_parser,
     decode_message,
     encode_message,
     message_classes,
+    request_stream_parser,
 )
 from moqt.messages.fetch import Fetch, FetchCancel, FetchError, FetchOk, JoiningFetch, StandaloneFetch
 from moqt.messages.namespace import (
     NamespaceDone,
     NamespaceNotice,
     NamespaceSuffixMessage,
+    PublishBlocked,
     PublishNamespace,
     PublishNamespaceCancel,
     PublishNamespaceDone,
@@ -21,11 +31,12 @@ from moqt.messages.namespace import (
     SubscribeNamespace,
     SubscribeNamespaceError,
     SubscribeNamespaceOk,
+    SubscribeTracks,
     UnsubscribeNamespace,
 )
 from moqt.messages.publish import Publish, PublishError, PublishOk
 from moqt.messages.request import RequestErrorReply, RequestOk, RequestUpdate
-from moqt.messages.setup import ClientSetup, GoAway, MaxRequestId, RequestsBlocked, ServerSetup
+from moqt.messages.setup import ClientSetup, GoAway, MaxRequestId, RequestsBlocked, ServerSetup, Setup
 from moqt.messages.subscribe import (
     PublishDone,
     Subscribe,
@@ -42,6 +53,7 @@ from moqt.messages.subscribe import (
 
 __all__ = [
     "ALL_MESSAGES",
+    "STREAM_REQUEST_ID",
     "ClientSetup",
     "ControlMessage",
     "ControlStreamParser",
@@ -57,6 +69,7 @@ __all__ = [
     "NamespaceNotice",
     "NamespaceSuffixMessage",
     "Publish",
+    "PublishBlocked",
     "PublishDone",
     "PublishError",
     "PublishNamespace",
@@ -65,6 +78,7 @@ __all__ = [
     "PublishNamespaceError",
     "PublishNamespaceOk",
     "PublishOk",
+    "Redirect",
     "RequestErrorMessage",
     "RequestErrorReply",
     "RequestIdMessage",
@@ -72,6 +86,7 @@ __all__ = [
     "RequestUpdate",
     "RequestsBlocked",
     "ServerSetup",
+    "Setup",
     "StandaloneFetch",
     "Subscribe",
     "SubscribeBody",
@@ -81,13 +96,16 @@ __all__ = [
     "SubscribeNamespaceOk",
     "SubscribeOk",
     "SubscribeOkBody",
+    "SubscribeTracks",
     "SubscribeUpdate",
     "TrackStatus",
     "TrackStatusError",
     "TrackStatusOk",
     "Unsubscribe",
     "UnsubscribeNamespace",
+    "control_stream_parser",
     "decode_message",
     "encode_message",
     "message_classes",
+    "request_stream_parser",
 ]

@@ -8,11 +8,11 @@ reading from the profile where a draft lays them out differently (``Profile.layo
 
 from __future__ import annotations
 
-from dataclasses import Field, dataclass
+from dataclasses import Field, dataclass, replace
 from typing import Any, ClassVar, Final, Self
 
 from moqt.errors import LocalError, ProtocolViolation
-from moqt.kinds import ExtensionHeader, GroupOrder, MessageKind, SessionError
+from moqt.kinds import ExtensionHeader, GroupOrder, MessageKind, RequestError, SessionError
 from moqt.profiles import DRAFT_14, Profile
 from moqt.wire import (
     KeyValuePair,
@@ -22,6 +22,7 @@ from moqt.wire import (
     Writer,
     check_namespace,
     decode_kvp_block,
+    make_writer,
     pull_full_track_name,
     pull_namespace,
     pull_reason_phrase,
@@ -31,6 +32,9 @@ from moqt.wire import (
 )
 
 _PV: Final = SessionError.PROTOCOL_VIOLATION
+#: What a Request ID that the wire leaves to the stream (draft-18 replies) reads as until a
+#: request-stream parser fills in the stream's (``ControlMessage.STREAM_ID_FIELD``).
+STREAM_REQUEST_ID: Final = -1
 
 
 class MessageTooLarge(LocalError, ValueError):
@@ -42,6 +46,9 @@ class ControlMessage:
 
     __slots__ = ()
     KIND: ClassVar[MessageKind]
+    #: The field a draft-18 request stream supplies instead of the wire (``Layout.ids_from_request_stream``):
+    #: a reply's Request ID, REQUEST_UPDATE's Existing Request ID; None: every field is on the wire.
+    STREAM_ID_FIELD: ClassVar[str | None] = None
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # every concrete message is a dataclass
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
@@ -52,20 +59,30 @@ class ControlMessage:
         raise NotImplementedError
 
     def encode(self, profile: Profile = DRAFT_14) -> bytes:
-        """Type (i), Length (16), Payload -- ready for the control stream."""
-        payload = Writer()
+        """Type (i), Length (16), Payload -- ready for the control stream (or a draft-18 request stream)."""
+        code = profile.message_types.codes.get(profile.sent_as.get(self.KIND, self.KIND))
+        if code is None:
+            raise ValueError(f"draft-{profile.draft} has no {self.KIND.value} message")
+        payload = make_writer(profile.layout.vi64)
         self.encode_payload(payload, profile)
         if len(payload) > profile.max_control_message_length:
             raise MessageTooLarge(f"{self.KIND.value} payload of {len(payload)} octets exceeds "
                                   f"{profile.max_control_message_length}")
-        code = profile.message_types.codes.get(self.KIND)
-        if code is None:
-            raise ValueError(f"draft-{profile.draft} has no {self.KIND.value} message")
-        frame = Writer()
+        frame = make_writer(profile.layout.vi64)
         frame.push_varint(code)
         frame.push_uint16(len(payload))
         frame.push_bytes(payload.getvalue())
         return frame.getvalue()
+
+
+def push_request_id(writer: Writer, profile: Profile, request_id: int) -> None:
+    """A reply's Request ID, which draft-18 leaves to the request stream."""
+    if not profile.layout.ids_from_request_stream:
+        writer.push_varint(request_id)
+
+
+def pull_request_id(reader: Reader, profile: Profile) -> int:
+    return STREAM_REQUEST_ID if profile.layout.ids_from_request_stream else reader.pull_varint()
 
 
 def pull_flag(reader: Reader, what: str) -> bool:
@@ -116,31 +133,76 @@ class RequestIdMessage(ControlMessage):
 
 
 @dataclass(frozen=True, slots=True)
+class Redirect:
+    """REQUEST_ERROR's Redirect (draft-18): where to retry (empty URI: this session) and under which
+    Full Track Name (both empty: the original request's)."""
+
+    connect_uri: str = ""
+    track_namespace: Namespace = ()
+    track_name: bytes = b""
+
+    def __post_init__(self) -> None:
+        check_namespace(self.track_namespace, min_fields=0)
+
+    def encode(self, writer: Writer, profile: Profile) -> None:
+        uri = self.connect_uri.encode("utf-8")
+        if len(uri) > profile.max_goaway_uri_length:
+            raise ValueError(f"Connect URI longer than {profile.max_goaway_uri_length} octets")
+        writer.push_length_prefixed(uri)
+        push_full_track_name(writer, self.track_namespace, self.track_name)
+
+    @classmethod
+    def decode(cls, reader: Reader, profile: Profile) -> Redirect:
+        uri = reader.pull_length_prefixed(profile.max_goaway_uri_length, "Connect URI")
+        namespace = read_namespace(reader, profile, min_fields=0)
+        used = sum(len(f) for f in namespace)
+        name = bytes(reader.pull_length_prefixed(profile.max_full_track_name_length - used, "Track Name"))
+        try:
+            return cls(str(uri, "utf-8"), namespace, name)
+        except UnicodeDecodeError:
+            raise ProtocolViolation(_PV, "Connect URI is not UTF-8") from None
+
+
+@dataclass(frozen=True, slots=True)
 class RequestErrorMessage(ControlMessage):
     """Body shared by the *_ERROR messages and draft-16's REQUEST_ERROR: Request ID, Error Code (i),
-    [Retry Interval (i), draft-16], Error Reason (Reason Phrase).
+    [Retry Interval (i), draft-16], Error Reason (Reason Phrase), [Redirect, draft-18].
 
     ``retry_interval`` is "the minimum time in milliseconds before the request SHOULD be sent again,
-    plus one" (0: do not retry); draft-14 has no such field, so there it is 0 and not sent.
+    plus one" (0: do not retry); draft-14 has no such field, so there it is 0 and not sent. Draft-18
+    sends no Request ID (the request's stream names it) and, with Error Code REDIRECT, a ``redirect``.
     """
 
+    STREAM_ID_FIELD: ClassVar[str | None] = "request_id"
     request_id: int
     error_code: int
     reason: str = ""
     retry_interval: int = 0
+    redirect: Redirect | None = None
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
-        writer.push_varint(self.request_id)
+        push_request_id(writer, profile, self.request_id)
         writer.push_varint(self.error_code)
         if profile.layout.retry_interval:
             writer.push_varint(self.retry_interval)
         push_reason_phrase(writer, self.reason, profile.max_reason_phrase_length)
+        if (self.redirect is not None) != self._redirects(profile):
+            raise ValueError("a Redirect goes with Error Code REDIRECT (draft-18), and only there")
+        if self.redirect is not None:
+            self.redirect.encode(writer, profile)
+
+    def _redirects(self, profile: Profile) -> bool:
+        return profile.layout.request_error_redirect and self.error_code == profile.request_error_code(
+            MessageKind.REQUEST_ERROR, RequestError.REDIRECT)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
-        request_id, code = reader.pull_varint(), reader.pull_varint()
+        request_id = pull_request_id(reader, profile)
+        code = reader.pull_varint()
         retry = reader.pull_varint() if profile.layout.retry_interval else 0
-        return cls(request_id, code, pull_reason_phrase(reader, profile.max_reason_phrase_length), retry)
+        reason = pull_reason_phrase(reader, profile.max_reason_phrase_length)
+        message = cls(request_id, code, reason, retry)
+        return replace(message, redirect=Redirect.decode(reader, profile)) if message._redirects(profile) else message
 
 
 def check_track(namespace: Namespace, name: bytes, profile: Profile = DRAFT_14) -> None:
@@ -198,7 +260,7 @@ def pull_track_extensions(reader: Reader, profile: Profile, *,
     if not profile.layout.track_extensions:
         return GroupOrder.ASCENDING, ()
     block = decode_kvp_block(reader.pull_bytes(reader.remaining), max_value_length=profile.max_kvp_value_length,
-                             delta=profile.layout.kvp_delta_types)
+                             delta=profile.layout.kvp_delta_types, vi64=profile.layout.vi64)
     order, rest = GroupOrder.ASCENDING, []
     for pair in block:
         name = profile.extension_headers.name(pair.type)

@@ -20,8 +20,10 @@ from moqt.messages.base import (
     check_track,
     pull_flag,
     pull_group_order,
+    pull_request_id,
     pull_track_extensions,
     push_full_track_name,
+    push_request_id,
     push_track_extensions,
     read_full_track_name,
 )
@@ -132,8 +134,10 @@ class FetchOk(ControlMessage):
 
     Draft-16 has no Group Order here (the FETCH's own, ascending when it named none) and ends with
     Track Extensions; decoded there ``group_order`` reads ascending and the session puts the FETCH's.
+    Draft-18 sends no Request ID (the FETCH's stream names it).
     """
 
+    STREAM_ID_FIELD: ClassVar[str | None] = "request_id"
     KIND: ClassVar[MessageKind] = MessageKind.FETCH_OK
     request_id: int
     end_location: Location
@@ -146,7 +150,7 @@ class FetchOk(ControlMessage):
         check_response_group_order(self.group_order)
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
-        writer.push_varint(self.request_id)
+        push_request_id(writer, profile, self.request_id)
         if not profile.layout.fields_as_parameters:
             writer.push_uint8(profile.group_orders.code(self.group_order))
         writer.push_uint8(int(self.end_of_track))
@@ -156,7 +160,7 @@ class FetchOk(ControlMessage):
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
-        request_id = reader.pull_varint()
+        request_id = pull_request_id(reader, profile)
         order = GroupOrder.ASCENDING
         if not profile.layout.fields_as_parameters:
             order = pull_group_order(reader, profile, allow_default=False)

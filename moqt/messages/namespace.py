@@ -4,6 +4,10 @@ and draft-16's NAMESPACE / NAMESPACE_DONE (sent on a SUBSCRIBE_NAMESPACE's own s
 Draft-16 names the PUBLISH_NAMESPACE that PUBLISH_NAMESPACE_DONE / _CANCEL end by its Request ID
 (``Layout.namespace_ends_by_request_id``); those messages carry both fields, and each draft's codec
 sends the one it has (the session fills the other from its request table).
+
+Draft-18 splits discovery: SUBSCRIBE_NAMESPACE (0x50) asks only for namespaces (NAMESPACE /
+NAMESPACE_DONE come back on its stream), SUBSCRIBE_TRACKS (0x51) for the tracks (PUBLISH on streams
+of their own; PUBLISH_BLOCKED on its stream when one cannot be sent); neither has Subscribe Options.
 """
 
 from __future__ import annotations
@@ -16,7 +20,16 @@ from moqt.kinds import MessageKind, SessionError, SubscribeOptions
 from moqt.messages.base import ControlMessage, RequestErrorMessage, RequestIdMessage, read_namespace
 from moqt.params import RequestParameters
 from moqt.profiles import DRAFT_14, Profile
-from moqt.wire import Namespace, Reader, Writer, check_namespace, pull_reason_phrase, push_namespace, push_reason_phrase
+from moqt.wire import (
+    MAX_FULL_TRACK_NAME_LENGTH,
+    Namespace,
+    Reader,
+    Writer,
+    check_namespace,
+    pull_reason_phrase,
+    push_namespace,
+    push_reason_phrase,
+)
 
 
 def _check_ending(namespace: Namespace, request_id: int | None) -> None:
@@ -141,8 +154,11 @@ class SubscribeNamespace(ControlMessage):
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
         with_options = profile.layout.subscribe_namespace_options
-        if not with_options and (not self.track_namespace_prefix or self.options is not SubscribeOptions.BOTH):
-            raise ValueError(f"draft-{profile.draft} SUBSCRIBE_NAMESPACE has a non-empty prefix and no options")
+        if not with_options and self.options is not _implied_options(profile):
+            raise ValueError(f"draft-{profile.draft} SUBSCRIBE_NAMESPACE always asks for "
+                             f"{_implied_options(profile).value}, not {self.options.value}")
+        if not self.track_namespace_prefix and not _empty_prefix(profile):
+            raise ValueError(f"draft-{profile.draft} SUBSCRIBE_NAMESPACE has a non-empty prefix")
         writer.push_varint(self.request_id)
         push_namespace(writer, self.track_namespace_prefix)
         if with_options:
@@ -153,8 +169,8 @@ class SubscribeNamespace(ControlMessage):
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
         with_options = profile.layout.subscribe_namespace_options
-        prefix = read_namespace(reader, profile, min_fields=0 if with_options else 1)
-        options = SubscribeOptions.BOTH
+        prefix = read_namespace(reader, profile, min_fields=0 if _empty_prefix(profile) else 1)
+        options = _implied_options(profile)
         if with_options:
             raw = reader.pull_varint()
             named = profile.subscribe_options.name(raw)
@@ -162,6 +178,41 @@ class SubscribeNamespace(ControlMessage):
                 raise ProtocolViolation(SessionError.PROTOCOL_VIOLATION, f"Subscribe Options {raw}")
             options = named
         return cls(request_id, prefix, RequestParameters.decode(reader, cls.KIND, profile), options)
+
+
+def _empty_prefix(profile: Profile) -> bool:
+    return profile.layout.subscribe_namespace_options or profile.layout.empty_namespace_prefix
+
+
+def _implied_options(profile: Profile) -> SubscribeOptions:
+    """What a SUBSCRIBE_NAMESPACE without Subscribe Options asks for: both (draft-14), namespaces only
+    (draft-18, where SUBSCRIBE_TRACKS asks for the tracks)."""
+    return SubscribeOptions.NAMESPACE if profile.has_message(MessageKind.SUBSCRIBE_TRACKS) else SubscribeOptions.BOTH
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeTracks(ControlMessage):
+    """SUBSCRIBE_TRACKS (0x51, draft-18): Request ID, Track Namespace Prefix (0..32 fields), Parameters;
+    the publisher answers with PUBLISH for each matching track, on streams of their own."""
+
+    KIND: ClassVar[MessageKind] = MessageKind.SUBSCRIBE_TRACKS
+    request_id: int
+    track_namespace_prefix: Namespace
+    parameters: RequestParameters = field(default_factory=RequestParameters)
+
+    def __post_init__(self) -> None:
+        check_namespace(self.track_namespace_prefix, min_fields=0)
+
+    def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
+        writer.push_varint(self.request_id)
+        push_namespace(writer, self.track_namespace_prefix)
+        self.parameters.encode(writer, profile)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
+        request_id = reader.pull_varint()
+        prefix = read_namespace(reader, profile, min_fields=0)
+        return cls(request_id, prefix, RequestParameters.decode(reader, cls.KIND, profile))
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +257,7 @@ class NamespaceSuffixMessage(ControlMessage):
     Sent on the SUBSCRIBE_NAMESPACE's own stream, which names the subscription (no Request ID).
     """
 
+    STREAM_ID_FIELD: ClassVar[str | None] = "request_id"
     track_namespace_suffix: Namespace
     request_id: int | None = None  # the SUBSCRIBE_NAMESPACE it belongs to (not on the wire: its stream says)
 
@@ -233,3 +285,32 @@ class NamespaceDone(NamespaceSuffixMessage):
     """NAMESPACE_DONE (0xE, draft-16): a namespace under the prefix is withdrawn (after its NAMESPACE)."""
 
     KIND: ClassVar[MessageKind] = MessageKind.NAMESPACE_DONE
+
+
+@dataclass(frozen=True, slots=True)
+class PublishBlocked(ControlMessage):
+    """PUBLISH_BLOCKED (0xF, draft-18): on a SUBSCRIBE_TRACKS's stream, a track under the prefix
+    (namespace suffix and Track Name) the publisher cannot send a PUBLISH for (no Request ID: the
+    stream names the SUBSCRIBE_TRACKS; a request-stream parser fills ``request_id``)."""
+
+    STREAM_ID_FIELD: ClassVar[str | None] = "request_id"
+    KIND: ClassVar[MessageKind] = MessageKind.PUBLISH_BLOCKED
+    track_namespace_suffix: Namespace
+    track_name: bytes
+    request_id: int | None = None
+
+    def __post_init__(self) -> None:
+        check_namespace(self.track_namespace_suffix, min_fields=0)
+        if sum(len(f) for f in self.track_namespace_suffix) + len(self.track_name) > MAX_FULL_TRACK_NAME_LENGTH:
+            raise ValueError(f"Full Track Name longer than {MAX_FULL_TRACK_NAME_LENGTH} octets")
+
+    def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
+        push_namespace(writer, self.track_namespace_suffix)
+        writer.push_length_prefixed(self.track_name)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
+        suffix = read_namespace(reader, profile, min_fields=0)
+        used = sum(len(f) for f in suffix)
+        name = reader.pull_length_prefixed(profile.max_full_track_name_length - used, "Full Track Name")
+        return cls(suffix, bytes(name))

@@ -11,7 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar, Self
 
-from moqt.kinds import FilterType, GroupOrder, MessageKind
+from moqt.errors import ProtocolViolation
+from moqt.kinds import FilterType, GroupOrder, MessageKind, SessionError
 from moqt.messages.base import (
     ControlMessage,
     RequestErrorMessage,
@@ -20,12 +21,15 @@ from moqt.messages.base import (
     pull_flag,
     pull_group_order,
     pull_optional_location,
+    pull_request_id,
     pull_track_extensions,
     push_full_track_name,
     push_optional_location,
+    push_request_id,
     push_track_extensions,
     read_full_track_name,
 )
+from moqt.messages.request import RequestOk
 from moqt.params import UNFILTERED, RequestParameters, SubscriptionFilter, check_filter, pull_filter, push_filter
 from moqt.profiles import DRAFT_14, Profile
 from moqt.wire import KeyValuePair, Location, Namespace, Reader, Writer
@@ -84,8 +88,14 @@ class Publish(ControlMessage):
 
 @dataclass(frozen=True, slots=True)
 class PublishOk(ControlMessage):
-    """PUBLISH_OK (0x1E): Forward, Subscriber Priority, Group Order, then a SUBSCRIBE-style filter."""
+    """PUBLISH_OK (0x1E): Forward, Subscriber Priority, Group Order, then a SUBSCRIBE-style filter.
 
+    Draft-18: PUBLISH_OK is a REQUEST_OK on the PUBLISH's stream (no Request ID; its fields as
+    parameters; empty Track Properties) and goes out as one (``Profile.sent_as``); a 0x1E still
+    decodes here, and ``from_request_ok`` reads a REQUEST_OK that answers a PUBLISH.
+    """
+
+    STREAM_ID_FIELD: ClassVar[str | None] = "request_id"
     KIND: ClassVar[MessageKind] = MessageKind.PUBLISH_OK
     request_id: int
     forward: bool = True
@@ -103,7 +113,7 @@ class PublishOk(ControlMessage):
             raise ValueError("Subscriber Priority is 8 bits")
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
-        writer.push_varint(self.request_id)
+        push_request_id(writer, profile, self.request_id)
         if profile.layout.fields_as_parameters:
             # a response's group order is always ascending or descending: always sent
             dataclasses.replace(
@@ -121,21 +131,37 @@ class PublishOk(ControlMessage):
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
-        request_id = reader.pull_varint()
+        request_id = pull_request_id(reader, profile)
         if profile.layout.fields_as_parameters:
             params = RequestParameters.decode(reader, cls.KIND, profile)
-            flt = params.subscription_filter or UNFILTERED
-            priority = 128 if params.subscriber_priority is None else params.subscriber_priority
-            rest = dataclasses.replace(params, forward=None, subscriber_priority=None, group_order=None,
-                                       subscription_filter=None)
-            return cls(request_id, params.forward is not False, priority, params.group_order or GroupOrder.ASCENDING,
-                       flt.filter_type, flt.start, flt.end_group, rest)
+            if profile.layout.request_ok_track_extensions and not reader.at_end():
+                raise ProtocolViolation(SessionError.PROTOCOL_VIOLATION, "Track Properties in PUBLISH_OK")
+            return cls._from_parameters(request_id, params)
         forward = pull_flag(reader, "Forward")
         priority = reader.pull_uint8()
         order = pull_group_order(reader, profile, allow_default=False)
         filter_type, start, end = pull_filter(reader, profile)
         params = RequestParameters.decode(reader, cls.KIND, profile)
         return cls(request_id, forward, priority, order, filter_type, start, end, params)
+
+
+    @classmethod
+    def _from_parameters(cls, request_id: int, params: RequestParameters) -> Self:
+        flt = params.subscription_filter or UNFILTERED
+        priority = 128 if params.subscriber_priority is None else params.subscriber_priority
+        rest = dataclasses.replace(params, forward=None, subscriber_priority=None, group_order=None,
+                                   subscription_filter=None)
+        return cls(request_id, params.forward is not False, priority, params.group_order or GroupOrder.ASCENDING,
+                   flt.filter_type, flt.start, flt.end_group, rest)
+
+    @classmethod
+    def from_request_ok(cls, ok: RequestOk) -> PublishOk:
+        """The PUBLISH_OK a draft-18 REQUEST_OK on a PUBLISH's stream is (Track Properties close)."""
+        if ok.track_extensions:
+            raise ProtocolViolation(SessionError.PROTOCOL_VIOLATION, "Track Properties in PUBLISH_OK")
+        params = ok.parameters if ok.largest_location is None else dataclasses.replace(
+            ok.parameters, largest_object=ok.largest_location)
+        return cls._from_parameters(ok.request_id, params)
 
 
 @dataclass(frozen=True, slots=True)

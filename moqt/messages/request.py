@@ -14,31 +14,51 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Self
 
 from moqt.kinds import MessageKind
-from moqt.messages.base import ControlMessage, RequestErrorMessage
+from moqt.messages.base import (
+    ControlMessage,
+    RequestErrorMessage,
+    pull_request_id,
+    pull_track_extensions,
+    push_request_id,
+    push_track_extensions,
+)
 from moqt.params import RequestParameters
 from moqt.profiles import DRAFT_14, Profile
-from moqt.wire import Location, Reader, Writer
+from moqt.wire import KeyValuePair, Location, Reader, Writer
 
 
 @dataclass(frozen=True, slots=True)
 class RequestOk(ControlMessage):
     """REQUEST_OK (0x7): Request ID, Parameters; ``largest_location`` is LARGEST_OBJECT (an answer to
-    TRACK_STATUS or to a subscription's REQUEST_UPDATE: the publisher's Largest Location)."""
+    TRACK_STATUS or to a subscription's REQUEST_UPDATE: the publisher's Largest Location).
 
+    Draft-18: no Request ID (the request's stream names it), then Track Properties
+    (``track_extensions``): TRACK_STATUS_OK's; the session checks they are empty in the other answers.
+    """
+
+    STREAM_ID_FIELD: ClassVar[str | None] = "request_id"
     KIND: ClassVar[MessageKind] = MessageKind.REQUEST_OK
     request_id: int
     largest_location: Location | None = None
     parameters: RequestParameters = field(default_factory=RequestParameters)
+    track_extensions: tuple[KeyValuePair, ...] = ()
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
-        writer.push_varint(self.request_id)
+        push_request_id(writer, profile, self.request_id)
         dataclasses.replace(self.parameters, largest_object=self.largest_location).encode(writer, profile)
+        if profile.layout.request_ok_track_extensions:
+            push_track_extensions(writer, profile, self.track_extensions)
+        elif self.track_extensions:
+            raise ValueError(f"draft-{profile.draft} REQUEST_OK has no Track Properties")
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
-        request_id = reader.pull_varint()
+        request_id = pull_request_id(reader, profile)
         params = RequestParameters.decode(reader, cls.KIND, profile)
-        return cls(request_id, params.largest_object, dataclasses.replace(params, largest_object=None))
+        extensions: tuple[KeyValuePair, ...] = ()
+        if profile.layout.request_ok_track_extensions:
+            _, extensions = pull_track_extensions(reader, profile, lift_order=False)
+        return cls(request_id, params.largest_object, dataclasses.replace(params, largest_object=None), extensions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +74,12 @@ class RequestUpdate(ControlMessage):
     """REQUEST_UPDATE (0x2): Request ID, Existing Request ID, Parameters.
 
     What it changes is its parameters (SUBSCRIPTION_FILTER, FORWARD, SUBSCRIBER_PRIORITY,
-    DELIVERY_TIMEOUT, NEW_GROUP_REQUEST, tokens); one it leaves out keeps its value.
+    DELIVERY_TIMEOUT, NEW_GROUP_REQUEST, tokens; draft-18 also TRACK_NAMESPACE_PREFIX); one it leaves
+    out keeps its value. Draft-18 sends it on the request's own stream, which names the existing
+    request: there is no Existing Request ID on the wire.
     """
 
+    STREAM_ID_FIELD: ClassVar[str | None] = "existing_request_id"
     KIND: ClassVar[MessageKind] = MessageKind.REQUEST_UPDATE
     request_id: int
     existing_request_id: int
@@ -64,11 +87,11 @@ class RequestUpdate(ControlMessage):
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
         writer.push_varint(self.request_id)
-        writer.push_varint(self.existing_request_id)
+        push_request_id(writer, profile, self.existing_request_id)
         self.parameters.encode(writer, profile)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         request_id = reader.pull_varint()
-        existing = reader.pull_varint()
+        existing = pull_request_id(reader, profile)
         return cls(request_id, existing, RequestParameters.decode(reader, cls.KIND, profile))

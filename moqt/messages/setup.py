@@ -1,4 +1,5 @@
-"""Session-level messages: CLIENT_SETUP, SERVER_SETUP, GOAWAY, MAX_REQUEST_ID, REQUESTS_BLOCKED."""
+"""Session-level messages: CLIENT_SETUP, SERVER_SETUP, draft-18's SETUP, GOAWAY, MAX_REQUEST_ID,
+REQUESTS_BLOCKED."""
 
 from __future__ import annotations
 
@@ -48,10 +49,35 @@ class ClientSetup(ControlMessage):
             # A count larger than the payload runs out of octets (NeedMoreData -> length mismatch).
             versions = tuple(reader.pull_varint() for _ in range(count))
         parameters = SetupParameters.decode(reader, profile)
-        if not profile.layout.setup_token_aliases and any(
-                t.alias_type in (AliasType.DELETE, AliasType.USE_ALIAS) for t in parameters.authorization_tokens):
-            raise ProtocolViolation(SessionError.PROTOCOL_VIOLATION, "DELETE or USE_ALIAS token in CLIENT_SETUP")
+        _check_setup_tokens(parameters, profile, cls.KIND)
         return cls(versions, parameters)
+
+
+def _check_setup_tokens(parameters: SetupParameters, profile: Profile, kind: MessageKind) -> None:
+    if not profile.layout.setup_token_aliases and any(
+            t.alias_type in (AliasType.DELETE, AliasType.USE_ALIAS) for t in parameters.authorization_tokens):
+        raise ProtocolViolation(SessionError.PROTOCOL_VIOLATION, f"DELETE or USE_ALIAS token in {kind.value}")
+
+
+@dataclass(frozen=True, slots=True)
+class Setup(ControlMessage):
+    """SETUP (0x2F00, draft-18): each side's first message on its control stream, whose type it also is.
+
+    The payload is the Setup Options alone, delta-coded Key-Value-Pairs to the end of the message
+    (no count); unknown options are kept (``parameters.unknown``) and repeats of them allowed.
+    """
+
+    KIND: ClassVar[MessageKind] = MessageKind.SETUP
+    parameters: SetupParameters = field(default_factory=SetupParameters)
+
+    def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
+        self.parameters.encode(writer, profile, counted=False)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
+        parameters = SetupParameters.decode(reader, profile, counted=False)
+        _check_setup_tokens(parameters, profile, cls.KIND)
+        return cls(parameters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,24 +104,42 @@ class ServerSetup(ControlMessage):
 
 @dataclass(frozen=True, slots=True)
 class GoAway(ControlMessage):
-    """GOAWAY (section 9.4): New Session URI (at most 8192 octets; empty = reuse the current URI)."""
+    """GOAWAY (section 9.4): New Session URI (at most 8192 octets; empty = reuse the current URI).
+
+    Draft-18 adds ``timeout`` (ms the sender waits for a graceful close; 0: none said) and, on the
+    control stream only, ``request_id`` (the smallest peer Request ID not processed); a GOAWAY on a
+    request stream has none (None). Earlier drafts have neither, and refuse to send them.
+    """
 
     KIND: ClassVar[MessageKind] = MessageKind.GOAWAY
     new_session_uri: str = ""
+    timeout: int = 0
+    request_id: int | None = None
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
         data = self.new_session_uri.encode("utf-8")
         if len(data) > profile.max_goaway_uri_length:
             raise ValueError(f"New Session URI longer than {profile.max_goaway_uri_length} octets")
         writer.push_length_prefixed(data)
+        if not profile.layout.goaway_timeout:
+            if self.timeout or self.request_id is not None:
+                raise ValueError(f"draft-{profile.draft} GOAWAY has no Timeout or Request ID")
+            return
+        writer.push_varint(self.timeout)
+        if self.request_id is not None:
+            writer.push_varint(self.request_id)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
         raw = reader.pull_length_prefixed(profile.max_goaway_uri_length, "New Session URI")
         try:
-            return cls(str(raw, "utf-8"))
+            uri = str(raw, "utf-8")
         except UnicodeDecodeError:
             raise ProtocolViolation(SessionError.PROTOCOL_VIOLATION, "New Session URI is not UTF-8") from None
+        if not profile.layout.goaway_timeout:
+            return cls(uri)
+        timeout = reader.pull_varint()
+        return cls(uri, timeout, None if reader.at_end() else reader.pull_varint())
 
 
 @dataclass(frozen=True, slots=True)

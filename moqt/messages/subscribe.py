@@ -22,9 +22,11 @@ from moqt.messages.base import (
     pull_flag,
     pull_group_order,
     pull_optional_location,
+    pull_request_id,
     pull_track_extensions,
     push_full_track_name,
     push_optional_location,
+    push_request_id,
     push_track_extensions,
     read_full_track_name,
 )
@@ -137,8 +139,10 @@ class SubscribeOkBody(ControlMessage):
 
     Draft-16: ``expires`` and ``largest_location`` travel as EXPIRES and LARGEST_OBJECT, the group
     order as the DEFAULT_PUBLISHER_GROUP_ORDER Track Extension; ``track_extensions`` are the others.
+    Draft-18 sends no Request ID (the SUBSCRIBE's stream names it).
     """
 
+    STREAM_ID_FIELD: ClassVar[str | None] = "request_id"
     request_id: int
     track_alias: int
     expires: int = 0
@@ -151,7 +155,7 @@ class SubscribeOkBody(ControlMessage):
         check_response_group_order(self.group_order)
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
-        writer.push_varint(self.request_id)
+        push_request_id(writer, profile, self.request_id)
         writer.push_varint(self.track_alias)
         if profile.layout.fields_as_parameters:
             dataclasses.replace(self.parameters, expires=self.expires or None,
@@ -165,7 +169,7 @@ class SubscribeOkBody(ControlMessage):
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
-        request_id = reader.pull_varint()
+        request_id = pull_request_id(reader, profile)
         alias = reader.pull_varint()
         if not profile.layout.fields_as_parameters:
             expires = reader.pull_varint()
@@ -260,8 +264,10 @@ class Unsubscribe(RequestIdMessage):
 
 @dataclass(frozen=True, slots=True)
 class PublishDone(ControlMessage):
-    """PUBLISH_DONE (0xB, section 9.12); ``stream_count`` 2^62-1 means "unknown"."""
+    """PUBLISH_DONE (0xB, section 9.12); ``stream_count`` 2^62-1 means "unknown". Draft-18 sends no
+    Request ID (the subscription's stream names it)."""
 
+    STREAM_ID_FIELD: ClassVar[str | None] = "request_id"
     KIND: ClassVar[MessageKind] = MessageKind.PUBLISH_DONE
     request_id: int
     status_code: int
@@ -269,14 +275,14 @@ class PublishDone(ControlMessage):
     reason: str = ""
 
     def encode_payload(self, writer: Writer, profile: Profile = DRAFT_14) -> None:
-        writer.push_varint(self.request_id)
+        push_request_id(writer, profile, self.request_id)
         writer.push_varint(self.status_code)
         writer.push_varint(self.stream_count)
         push_reason_phrase(writer, self.reason, profile.max_reason_phrase_length)
 
     @classmethod
     def decode_payload(cls, reader: Reader, profile: Profile = DRAFT_14) -> Self:
-        return cls(reader.pull_varint(), reader.pull_varint(), reader.pull_varint(),
+        return cls(pull_request_id(reader, profile), reader.pull_varint(), reader.pull_varint(),
                    pull_reason_phrase(reader, profile.max_reason_phrase_length))
 
 

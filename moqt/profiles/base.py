@@ -77,6 +77,7 @@ class SubgroupForm(NamedTuple):
     extensions_present: bool
     end_of_group: bool
     default_priority: bool = False
+    first_object: bool = False  # draft-18 FIRST_OBJECT bit: the subgroup's first object leads the stream
 
 
 class DatagramForm(NamedTuple):
@@ -110,6 +111,13 @@ class DataFraming:
     #: An End of Group / End of Track object may carry Extension Headers (draft-14; draft-16 forbids
     #: extensions on every object that is not Normal).
     status_objects_extensions: bool = True
+    #: Fetch objects carry Group and Object ID *deltas* (draft-18), the group's direction the FETCH's order.
+    fetch_id_deltas: bool = False
+    #: Unidirectional stream types beside the data streams (draft-18): the control stream (its type is
+    #: SETUP's Message Type) and padding; None where the draft has none.
+    control_stream_type: int | None = None
+    padding_stream_type: int | None = None
+    padding_datagram_type: int | None = None
     subgroup_codes: Mapping[SubgroupForm, int] = field(init=False)
     datagram_codes: Mapping[DatagramForm, int] = field(init=False)
 
@@ -125,6 +133,7 @@ class SessionShape(enum.Enum):
 
     DRAFT_14 = "one control stream, an answer message per request kind, versions in the setup messages"
     DRAFT_16 = "REQUEST_OK / REQUEST_ERROR answers, REQUEST_UPDATE answered, SUBSCRIBE_NAMESPACE streams"
+    DRAFT_18 = "control over a pair of unidirectional streams opened by SETUP, every request on its own stream"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +166,26 @@ class Layout:
     empty_namespace_field_closes: bool = False
     #: A DELIVERY_TIMEOUT of 0 (parameter or track extension) closes the session.
     zero_delivery_timeout_closes: bool = False
+    #: SUBSCRIBE_NAMESPACE (and SUBSCRIBE_TRACKS) may name the empty prefix (draft-16 on).
+    empty_namespace_prefix: bool = False
+    #: Every integer is a vi64 (leading-1-bits length, 1..9 octets; draft-18), not a QUIC varint.
+    vi64: bool = False
+    #: Message Parameters are Type-Value pairs whose value encoding each type defines (uint8, varint,
+    #: Location, length-prefixed, Track Namespace), not Key-Value-Pairs (draft-18).
+    typed_parameter_values: bool = False
+    #: A known Message Parameter in a message outside its scope closes the session (draft-14/16: ignored).
+    out_of_scope_parameters_close: bool = False
+    #: Messages on a request's own stream take its Request ID from the stream: replies carry none,
+    #: REQUEST_UPDATE no Existing Request ID (draft-18).
+    ids_from_request_stream: bool = False
+    #: GOAWAY carries a Timeout and, on the control stream, a Request ID (draft-18).
+    goaway_timeout: bool = False
+    #: REQUEST_ERROR with code REDIRECT ends with a Redirect structure (draft-18).
+    request_error_redirect: bool = False
+    #: An AbsoluteRange filter's End Group is a delta from its Start Group (draft-18).
+    filter_end_group_delta: bool = False
+    #: REQUEST_OK ends with Track Properties (draft-18: TRACK_STATUS_OK's).
+    request_ok_track_extensions: bool = False
 
 
 def _empty_map() -> CodeMap[Any]:
@@ -198,6 +227,12 @@ class Profile:
     shape: SessionShape = SessionShape.DRAFT_14
     extension_headers: CodeMap[ExtensionHeader] = field(default_factory=_empty_map)
     subscribe_options: CodeMap[SubscribeOptions] = field(default_factory=_empty_map)  # empty: not on the wire
+    #: Messages sent under another message's type (draft-18: PUBLISH_OK goes out as a REQUEST_OK).
+    sent_as: Mapping[MessageKind, MessageKind] = field(default_factory=lambda: MappingProxyType({}))
+    #: Messages a peer-opened request stream must begin with (draft-18; empty: no request streams of that kind).
+    stream_opening_messages: frozenset[MessageKind] = frozenset()
+    #: Messages allowed on a draft-18 control stream (empty: the control stream carries every message).
+    control_stream_messages: frozenset[MessageKind] = frozenset()
 
     def request_error_code(self, message: MessageKind, error: RequestError | int) -> int:
         """The Error Code of ``error`` in ``message`` (FETCH_ERROR, SUBSCRIBE_ERROR, ...).
