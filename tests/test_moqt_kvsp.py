@@ -223,10 +223,14 @@ class Deployment:
     def holder(self) -> str:
         return self.pki.uri("h1")
 
-    def client(self, name: str | None = "client", token: bytes | None = None) -> MoqtBlockClient:
+    def client(self, name: str | None = "client", token: bytes | None = None,
+               profile: Profile | None = None) -> MoqtBlockClient:
+        """A block client; with ``profile`` it offers that draft alone (the holder accepts every one)."""
         d = self.pki.dir
         cert, key_file = (d / f"{name}.pem", d / f"{name}.key") if name else (None, None)
-        config = EndpointConfig.from_files(cert, key_file, d / "ca.pem", QuicSettings(auth_timeout_s=2.0))
+        drafts = (profile.draft,) if profile is not None else None
+        config = EndpointConfig.from_files(cert, key_file, d / "ca.pem", QuicSettings(auth_timeout_s=2.0,
+                                                                                      drafts=drafts))
         return MoqtBlockClient(config, token=token)
 
     async def put(self, i: int) -> tuple[ReplicaRecord, ReplicaRecord]:
@@ -278,12 +282,13 @@ async def deployment_fixture(world: tuple[Deployment, Path, Policy, int, Path]) 
         yield deployment
 
 
-async def test_moqt_fetch_is_byte_identical_to_https(deployment: Deployment) -> None:
+@DRAFTS
+async def test_moqt_fetch_is_byte_identical_to_https(deployment: Deployment, profile: Profile) -> None:
     https, moqt = await deployment.put(0)
     assert moqt.holder == deployment.moqt_uri and moqt.moqt_namespace is not None
     assert moqt.moqt_namespace.holder_id == role_id(deployment.holder)  # the producer: the https identity
     assert (moqt.layer_digests, moqt.digest, moqt.size) == (https.layer_digests, https.digest, https.size)
-    client = deployment.client()
+    client = deployment.client(profile=profile)
     try:
         async with asyncio.timeout(T):
             over_https = await HolderClient(deployment.session).get_block(https.holder, COMPAT, SCOPE, key(0),

@@ -38,7 +38,7 @@ from moqt.auth import issue_token
 from moqt.events import MoqtEvent, ObjectChunkReceived, ObjectSource
 from moqt.kinds import ObjectStatus, PublishDoneStatus, RequestError, SessionError, StreamReset
 from moqt.messages import PublishNamespace
-from moqt.profiles import DRAFT_14, Profile
+from moqt.profiles import Profile
 from moqt.quic import ConnectionClosedError, EndpointConfig, MoqtConnection, QuicSettings, serve
 from moqt.session import MoqtSession
 from moqt.tracks import GroupLog, ObjectAssembler, RequestKind, RequestTracker, check_fetch, fetch_ok_end
@@ -352,16 +352,19 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base
 
 
-def config(pki: Path, name: str | None, **settings: object) -> EndpointConfig:
+def config(pki: Path, name: str | None, profile: Profile | None = None, **settings: object) -> EndpointConfig:
+    """A party's endpoint; with ``profile`` it offers and accepts that draft alone."""
     cert, key = (pki / f"{name}.pem", pki / f"{name}.key") if name else (None, None)
-    quic = QuicSettings(auth_timeout_s=2.0, handshake_timeout_s=5.0, **settings)  # type: ignore[arg-type]
+    drafts = (profile.draft,) if profile is not None else None
+    quic = QuicSettings(auth_timeout_s=2.0, handshake_timeout_s=5.0, drafts=drafts, **settings)  # type: ignore[arg-type]
     return EndpointConfig.from_files(cert, key, pki / "ca.pem", quic)
 
 
-async def test_loopback_fetch_with_backpressure(pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@DRAFTS
+async def test_loopback_fetch_with_backpressure(pki: Path, monkeypatch: pytest.MonkeyPatch, profile: Profile) -> None:
     size, count = 64 << 10, 32
     publisher = Publisher(stored(count, size), authorize=allow_authenticated, settings=PublisherSettings(path="/p"))
-    port = await publisher.listen("127.0.0.1", 0, config(pki, "server", send_high_water=256 << 10))
+    port = await publisher.listen("127.0.0.1", 0, config(pki, "server", profile, send_high_water=256 << 10))
     peak = 0
     original = MoqtSession.send_fetch_object
 
@@ -373,8 +376,9 @@ async def test_loopback_fetch_with_backpressure(pki: Path, monkeypatch: pytest.M
     monkeypatch.setattr(MoqtSession, "send_fetch_object", watched)
     try:
         async with asyncio.timeout(T):
-            sub = await Subscriber.connect(f"moqt://127.0.0.1:{port}/p", config(pki, "client"))
+            sub = await Subscriber.connect(f"moqt://127.0.0.1:{port}/p", config(pki, "client", profile))
             assert sub.peer_identity == "https://127.0.0.1:1/server/"
+            assert publisher.endpoints[0].session.profile is profile
             async with sub.fetch(NS, b"t", Location(0, 0), Location(0, count)) as objects:
                 got = await collect(objects)
             await sub.close()
@@ -384,23 +388,25 @@ async def test_loopback_fetch_with_backpressure(pki: Path, monkeypatch: pytest.M
     assert 0 < peak <= (256 << 10) // 2 + size + 64  # drained to half the high-water mark before each object
 
 
-async def test_loopback_unauthenticated_peer_is_refused(pki: Path) -> None:
+@DRAFTS
+async def test_loopback_unauthenticated_peer_is_refused(pki: Path, profile: Profile) -> None:
     publisher = Publisher(stored(), authorize=allow_authenticated)
-    port = await publisher.listen("127.0.0.1", 0, config(pki, "server"))
+    port = await publisher.listen("127.0.0.1", 0, config(pki, "server", profile))
     try:
         with pytest.raises((SetupRefused, ConnectionClosedError)) as info:
             async with asyncio.timeout(T):
-                await Subscriber.connect(f"moqt://127.0.0.1:{port}/", config(pki, None))
+                await Subscriber.connect(f"moqt://127.0.0.1:{port}/", config(pki, None, profile))
         refusal = info.value
         if isinstance(refusal, ConnectionClosedError):  # the close raced the SETUP answer: the wire code
-            assert refusal.error_code == DRAFT_14.session_errors.code(SessionError.UNAUTHORIZED)
+            assert refusal.error_code == profile.session_errors.code(SessionError.UNAUTHORIZED)
         else:
             assert isinstance(refusal, SetupRefused) and refusal.error is SessionError.UNAUTHORIZED
     finally:
         await publisher.close()
 
 
-async def test_loopback_token_peer_without_certificate(pki: Path) -> None:
+@DRAFTS
+async def test_loopback_token_peer_without_certificate(pki: Path, profile: Profile) -> None:
     issuer = ec.generate_private_key(ec.SECP256R1())
     now = int(time.time())
     token = issue_token(issuer, "https://tok.test/", namespaces=[NS], expires_at=now + 60, now=now)
@@ -416,7 +422,7 @@ async def test_loopback_token_peer_without_certificate(pki: Path) -> None:
     port = await publisher.listen("127.0.0.1", 0, server)
     try:
         async with asyncio.timeout(T):
-            sub = await Subscriber.connect(f"moqt://127.0.0.1:{port}/", config(pki, None), token=token)
+            sub = await Subscriber.connect(f"moqt://127.0.0.1:{port}/", config(pki, None, profile), token=token)
             async with sub.fetch(NS, b"t", Location(0, 0), Location(0, 3)) as objects:
                 assert len(await collect(objects)) == 3
             await sub.close()
@@ -425,7 +431,8 @@ async def test_loopback_token_peer_without_certificate(pki: Path) -> None:
     assert seen == ["https://tok.test/"]
 
 
-async def test_publish_namespace_to_a_relay(pki: Path) -> None:
+@DRAFTS
+async def test_publish_namespace_to_a_relay(pki: Path, profile: Profile) -> None:
     """A stand-in relay accepts namespaces under NS and refuses others (D3's rule is the relay's)."""
 
     def on_event(conn: MoqtConnection[MoqtEvent], event: MoqtEvent) -> None:
@@ -438,12 +445,13 @@ async def test_publish_namespace_to_a_relay(pki: Path) -> None:
             else:
                 session.publish_namespace_error(message.request_id, 0x1, "not yours")
 
-    relay = await serve("127.0.0.1", 0, config(pki, "relay"), lambda c: MoqtSession(c.quic), on_event=on_event)
+    relay = await serve("127.0.0.1", 0, config(pki, "relay", profile), lambda c: MoqtSession(c.quic),
+                        on_event=on_event)
     publisher = Publisher(authorize=allow_authenticated)
     try:
         async with asyncio.timeout(T):
             await publisher.publish_namespace(NS)  # remembered, sent when the relay connects
-            await publisher.connect_relay(f"moqt://127.0.0.1:{relay.port}/", config(pki, "client"))
+            await publisher.connect_relay(f"moqt://127.0.0.1:{relay.port}/", config(pki, "client", profile))
             with pytest.raises(NamespaceRefused) as info:
                 await publisher.publish_namespace(OTHER)
             assert info.value.unauthorized

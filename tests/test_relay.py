@@ -1,7 +1,8 @@
 """The relay in one process over real QUIC and mutual TLS on loopback: routing, cache, fan-out, auth.
 
 Every party (publishers, relays, subscribers) has its own UDP socket and certificate; the process
-tests (test_relay_processes.py) run the relays as ``kvsp serve relay`` processes.
+tests (test_relay_processes.py) run the relays as ``kvsp serve relay`` processes. Every test runs once
+per draft, with every party pinned to it (bridging drafts: test_relay_bridge.py, test_moqt_drafts_e2e.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ from moqt.api import (
 from moqt.events import ControlMessageReceived, MoqtEvent
 from moqt.kinds import PublishDoneStatus, RequestError
 from moqt.messages import NamespaceNotice, PublishNamespace
+from moqt.profiles import Profile
 from moqt.wire import Location
+from tests.support import relay as relay_support
+from tests.support.drafts import PROFILE_PARAMS
 from tests.support.relay import (
     NAMES,
     TRACK,
@@ -51,7 +55,15 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> DevPki:
     return DevPki.make(Path(tmp_path_factory.mktemp("relay-pki")), NAMES)
 
 
-async def test_fetch_through_a_relay_then_from_its_cache(pki: DevPki) -> None:
+@pytest.fixture(autouse=True, params=PROFILE_PARAMS)
+def draft(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Profile:
+    """Every relay, publisher and subscriber of the test offers and accepts this draft alone."""
+    profile: Profile = request.param
+    monkeypatch.setattr(relay_support, "PINNED_DRAFTS", (profile.draft,))
+    return profile
+
+
+async def test_fetch_through_a_relay_then_from_its_cache(pki: DevPki, draft: Profile) -> None:
     node = await start_relay(pki, "relay-a")
     source = CountingSource()
     namespace = block_namespace(pki.uri("pub"), 1)
@@ -70,6 +82,8 @@ async def test_fetch_through_a_relay_then_from_its_cache(pki: DevPki) -> None:
         assert (stats.cache_misses, stats.cache_hits, stats.upstream_fetches) == (1, 2, 1)
         assert source.lookups == 1  # the publisher saw one FETCH
         assert stats.bytes_in == 8 * 4096 and stats.bytes_out == 19 * 4096
+        server = node.relay.server
+        assert server is not None and server.sessions_by_draft == {draft.draft: 2}  # publisher, subscriber
     finally:
         await publisher.close()
         await node.close()

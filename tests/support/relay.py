@@ -59,9 +59,15 @@ def policy_for(pki: DevPki) -> Policy:
     return Policy(scopes={SCOPE: ScopeGrant(read=frozenset({pki.uri("sub")}), store=frozenset({pki.uri("pub")}))})
 
 
+#: The MOQT drafts every party these helpers start offers and accepts (None: every draft); a test pins
+#: one draft for all of them with ``monkeypatch.setattr(tests.support.relay, "PINNED_DRAFTS", (16,))``.
+PINNED_DRAFTS: tuple[int, ...] | None = None
+
+
 def endpoint_config(pki: DevPki, name: str, **quic: float) -> EndpointConfig:
     files = pki.files(name)
-    return EndpointConfig.from_files(files.cert, files.key, files.ca, QuicSettings(**quic))  # type: ignore[arg-type]
+    settings = QuicSettings(**{"drafts": PINNED_DRAFTS, **quic})  # type: ignore[arg-type]
+    return EndpointConfig.from_files(files.cert, files.key, files.ca, settings)
 
 
 def layers(count: int, size: int, seed: int = 0) -> list[MoqtObject]:
