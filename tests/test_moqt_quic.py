@@ -182,20 +182,21 @@ async def _closed_code(conn: MoqtConnection[Any]) -> int:
 
 
 # -- URIs and settings ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("uri", "host", "port", "path"), [
-    ("moqt://relay.example:4433/kvsp", "relay.example", 4433, "/kvsp"),
-    ("moqt://relay.example/", "relay.example", 443, "/"),
-    ("moqt://relay.example", "relay.example", 443, ""),
-    ("moqt://[::1]:9000/a/b?c=d&e", "::1", 9000, "/a/b?c=d&e"),
+@pytest.mark.parametrize(("uri", "host", "port", "path", "fragment"), [
+    ("moqt://relay.example:4433/kvsp", "relay.example", 4433, "/kvsp", ""),
+    ("moqt://relay.example/", "relay.example", 443, "/", ""),
+    ("moqt://relay.example", "relay.example", 443, "", ""),
+    ("moqt://[::1]:9000/a/b?c=d&e", "::1", 9000, "/a/b?c=d&e", ""),
+    ("moqt://h/app?x=1#track-v2:a/b#c", "h", 443, "/app?x=1", "track-v2:a/b#c"),  # draft-18 fragments
 ])
-def test_uri_parsing(uri: str, host: str, port: int, path: str) -> None:
+def test_uri_parsing(uri: str, host: str, port: int, path: str, fragment: str) -> None:
     parsed = MoqtUri.parse(uri)
-    assert (parsed.host, parsed.port, parsed.path) == (host, port, path)
+    assert (parsed.host, parsed.port, parsed.path, parsed.fragment) == (host, port, path, fragment)
     assert MoqtUri.parse(str(parsed)) == parsed
 
 
 @pytest.mark.parametrize("uri", ["https://h/", "moqt:///path", "moqt://h:99999/", "moqt://u@h/", "moqt://h/#f",
-                                 "moqt://h:x/"])
+                                 "moqt://h/#Type:v", "moqt://h/#:v", "moqt://h:x/"])
 def test_bad_uris(uri: str) -> None:
     with pytest.raises(ValueError):
         MoqtUri.parse(uri)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 
 ALPN: Final = "moq-00"  # draft-14's (and every draft's before 15); later drafts' ALPN is ``moqt-NN``
 DEFAULT_PORT: Final = 443
+_FRAGMENT: Final = re.compile(r"[a-z0-9-]+:.*", re.DOTALL)
 MAX_DATAGRAM_SIZE: Final = 65507
 """Largest usable ``max_datagram_size``: the largest UDP payload over IPv4. aioquic alone writes a STREAM
 frame's Length in 14 bits (at most 16383 octets), which capped packets at 16000; ``HookedQuicConnection``
@@ -38,11 +40,15 @@ for both address families."""
 
 @dataclass(frozen=True, slots=True)
 class MoqtUri:
-    """``moqt://host[:port]/path[?query]`` (draft-14 section 3.1); ``path`` goes in the PATH parameter."""
+    """``moqt://host[:port]/path[?query][#type:value]`` (draft-18 "MOQT URI Scheme"; port 443 when
+    omitted). ``path`` (with the query) goes in the PATH parameter; the fragment never leaves the
+    client (it is processed locally after setup), and must begin with a fragment type identifier
+    (``a-z``, ``0-9``, ``-``) and a colon."""
 
     host: str
     port: int
     path: str
+    fragment: str = ""
 
     @classmethod
     def parse(cls, uri: str) -> MoqtUri:
@@ -53,10 +59,12 @@ class MoqtUri:
             raise ValueError(f"{uri!r} is not a valid URI: {exc}") from exc
         if parts.scheme != "moqt":
             raise ValueError(f"{uri!r}: scheme must be moqt")
-        if not parts.hostname or parts.username is not None or parts.fragment:
-            raise ValueError(f"{uri!r}: needs a host, no userinfo and no fragment")
+        if not parts.hostname or parts.username is not None:
+            raise ValueError(f"{uri!r}: needs a host and no userinfo")
+        if parts.fragment and not _FRAGMENT.fullmatch(parts.fragment):
+            raise ValueError(f"{uri!r}: a fragment must be <type>:<value>, the type of a-z, 0-9 and -")
         path = parts.path + (f"?{parts.query}" if parts.query else "")
-        return cls(parts.hostname, DEFAULT_PORT if port is None else port, path)
+        return cls(parts.hostname, DEFAULT_PORT if port is None else port, path, parts.fragment)
 
     @property
     def authority(self) -> str:
@@ -64,7 +72,7 @@ class MoqtUri:
         return f"{host}:{self.port}"
 
     def __str__(self) -> str:
-        return f"moqt://{self.authority}{self.path}"
+        return f"moqt://{self.authority}{self.path}" + (f"#{self.fragment}" if self.fragment else "")
 
 
 def _clamp_datagram(name: str, value: int) -> int:
