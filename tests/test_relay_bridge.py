@@ -14,10 +14,8 @@ import pytest
 
 from moqt.api import (
     FetchRefused,
-    MemoryTrackSource,
     MoqtObject,
     Publisher,
-    StoredTrack,
     SubscribeRefused,
     allow_authenticated,
 )
@@ -26,6 +24,7 @@ from moqt.kinds import MessageKind, ObjectStatus, PublishDoneStatus, RequestErro
 from moqt.profiles import DRAFT_14, DRAFT_16, PROFILES, Profile
 from moqt.wire import Location, Namespace
 from tests.support.drafts import BRIDGES, DRAFTS, MemoryRelay
+from tests.support.relay import CountingSource
 
 T = 20.0
 NS: Namespace = (b"kvsp", b"bridge", b"holder")
@@ -33,18 +32,6 @@ NS: Namespace = (b"kvsp", b"bridge", b"holder")
 
 def payload(i: int, size: int = 1000) -> bytes:
     return bytes([(i * 7) % 251]) * size
-
-
-class CountingSource(MemoryTrackSource):
-    """Counts the lookups that reach the publisher (a cache hit makes none)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lookups = 0
-
-    async def lookup(self, namespace: Namespace, track_name: bytes) -> StoredTrack | None:
-        self.lookups += 1
-        return await super().lookup(namespace, track_name)
 
 
 def source_of(count: int, size: int = 1000) -> CountingSource:
