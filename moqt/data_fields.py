@@ -199,32 +199,14 @@ def pull_flagged_fields(reader: Reader, prior: FetchPrior) -> FetchFields | Fetc
 def push_flagged_fields(writer: Writer, prior: FetchPrior, fields: FetchFields) -> None:
     """The shortest Serialization Flags for ``fields`` after ``prior``, then the fields they keep."""
     flags = EXTENSIONS_PRESENT if fields.extensions_present else 0
-    group = object_id = subgroup = None
+    group = object_id = None
     if fields.group_id != prior.group_id:
         flags |= GROUP_ID_PRESENT
         group = fields.group_id
     if prior.object_id is None or fields.object_id != prior.object_id + 1 or group is not None:
         flags |= OBJECT_ID_PRESENT  # a new group's first object is written out, as aiomoqt reads it
         object_id = fields.object_id
-    if fields.priority != prior.priority:
-        flags |= PRIORITY_PRESENT
-    if fields.datagram:
-        flags |= DATAGRAM
-    elif fields.subgroup_id == 0:
-        flags |= SUBGROUP_ZERO
-    elif fields.subgroup_id == prior.subgroup_id:
-        flags |= SUBGROUP_PRIOR
-    elif prior.subgroup_id is not None and fields.subgroup_id == prior.subgroup_id + 1:
-        flags |= SUBGROUP_NEXT
-    else:
-        flags |= SUBGROUP_PRESENT
-        subgroup = fields.subgroup_id
-    writer.push_varint(flags)
-    for value in (group, subgroup, object_id):
-        if value is not None:
-            writer.push_varint(value)
-    if flags & PRIORITY_PRESENT:
-        writer.push_uint8(fields.priority)
+    _push_flags_and_fields(writer, flags, prior, fields, group=group, object_id=object_id)
 
 
 def push_range_end(writer: Writer, end: FetchRangeEnd) -> None:
@@ -291,7 +273,7 @@ def push_delta_fields(writer: Writer, prior: FetchPrior, fields: FetchFields, de
     """The draft-18 flags and fields of ``fields`` after ``prior`` (a new group's IDs written whole,
     as aiomoqt writes them); objects must follow the fetch's group order, IDs ascending in a group."""
     flags = EXTENSIONS_PRESENT if fields.extensions_present else 0
-    group = object_id = subgroup = None
+    group = object_id = None
     if prior.group_id is None or fields.group_id != prior.group_id:
         flags |= GROUP_ID_PRESENT | OBJECT_ID_PRESENT
         group, object_id = fields.group_id, fields.object_id
@@ -304,6 +286,13 @@ def push_delta_fields(writer: Writer, prior: FetchPrior, fields: FetchFields, de
         if object_id < 0:
             raise ValueError(f"object {fields.object_id} does not follow {prior.object_id} in its group")
         flags |= OBJECT_ID_PRESENT
+    _push_flags_and_fields(writer, flags, prior, fields, group=group, object_id=object_id)
+
+
+def _push_flags_and_fields(writer: Writer, flags: int, prior: FetchPrior, fields: FetchFields, *,
+                           group: int | None, object_id: int | None) -> None:
+    """Add the priority and subgroup flags to ``flags`` (Group / Object ID ones already set), then write
+    the flags and the fields they keep: ``group`` and ``object_id`` as given (absolute or deltas)."""
     if fields.priority != prior.priority:
         flags |= PRIORITY_PRESENT
     flags, subgroup = _subgroup_flags(flags, prior, fields)
