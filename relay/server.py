@@ -117,9 +117,10 @@ class Relay(Publisher):
     async def _relay_fetch(self, endpoint: Endpoint, message: Fetch) -> None:
         session, request_id, request = endpoint.session, message.request_id, message.standalone
         try:
-            if request is None:
-                session.fetch_error(request_id, RequestError.NOT_SUPPORTED, "joining FETCH is not relayed")
-                return
+            if request is None:  # joining: the range before the subscription's start, fetched like any
+                request = self._joined_range(endpoint, message)
+                if request is None:
+                    return
             if not self.allowed(endpoint, request.track_namespace, Action.FETCH):
                 self.stats.refused += 1
                 session.fetch_error(request_id, RequestError.UNAUTHORIZED, "not authorized for this namespace")
@@ -278,6 +279,7 @@ class Relay(Publisher):
             largest = track.largest
             start = subscription_start(message.filter_type, message.start_location, largest)
             session.subscribe_ok(request_id, largest_location=largest)
+            endpoint.served[request_id] = (*key, largest)  # a joining FETCH's range; a refused update ends it
             endpoint.link.transmit_soon()
             end_group = message.end_group if message.filter_type == FilterType.ABSOLUTE_RANGE else None
             down = Downstream(endpoint, request_id, start, end_group=end_group,

@@ -19,7 +19,6 @@ from moqt.api import (
     FetchRefused,
     MemoryTrackSource,
     MoqtObject,
-    ObjectStream,
     Publisher,
     StreamResetError,
     Subscriber,
@@ -41,9 +40,8 @@ from moqt.messages import (
 )
 from moqt.params import RequestParameters
 from moqt.profiles import PROFILES, Profile
-from moqt.tracks import ObjectAssembler, RequestKind, RequestTracker
 from moqt.wire import Location, Namespace
-from tests.support.drafts import DRAFTS, MemoryRelay, draft_id
+from tests.support.drafts import DRAFTS, MemoryRelay, draft_id, joining
 
 T = 20.0
 NS: Namespace = (b"kvsp", b"d16", b"api")
@@ -114,15 +112,6 @@ async def test_fetch_streams_carry_object_status_only_where_the_draft_can(profil
     assert [(o.object_id, o.status) for o in got] == [(0, ObjectStatus.NORMAL), (1, ObjectStatus.NORMAL)] + (
         [(2, ObjectStatus.END_OF_GROUP)] if marker else [])
     assert marker is not profile.data_framing.fetch_serialization_flags
-
-
-def joining(sub: Subscriber, subscription: int, start: int) -> ObjectStream:
-    """A relative joining FETCH of ``subscription`` (the API has no call of its own for one)."""
-    endpoint = sub.endpoint
-    request_id = endpoint.session.joining_fetch(subscription, start)
-    inbox = endpoint.open_inbox(request_id, RequestTracker(RequestKind.FETCH), ObjectAssembler())
-    endpoint.link.transmit_soon()
-    return ObjectStream(endpoint, request_id, inbox, T)
 
 
 @DRAFTS

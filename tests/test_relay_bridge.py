@@ -23,7 +23,7 @@ from moqt.api.drafts import done_status, has_error, refusal
 from moqt.kinds import MessageKind, ObjectStatus, PublishDoneStatus, RequestError
 from moqt.profiles import DRAFT_14, DRAFT_16, PROFILES, Profile
 from moqt.wire import Location, Namespace
-from tests.support.drafts import BRIDGES, DRAFTS, MemoryRelay
+from tests.support.drafts import BRIDGES, DRAFTS, MemoryRelay, joining
 from tests.support.relay import CountingSource
 
 T = 20.0
@@ -93,6 +93,34 @@ async def test_live_fan_out_to_subscribers_at_every_draft(world: MemoryRelay, up
         received = [[(o.location, bytes(o.payload)) async for o in stream] for stream in streams]
     assert received == [[(Location(0, i), payload(i)) for i in range(4)]] * len(subs)
     assert world.relay.stats.upstream_subscribes == 1  # one upstream subscription fans out to all
+
+
+@BRIDGES
+async def test_a_joining_fetch_through_the_relay_reads_what_came_before_the_subscription(
+        world: MemoryRelay, upstream: Profile, downstream: Profile) -> None:
+    """The relay computes the joining range from the Largest Location its SUBSCRIBE_OK carried and
+    fetches it like a standalone FETCH; before any object that is INVALID_RANGE, as from a publisher."""
+    publisher = Publisher(authorize=allow_authenticated)
+    await world.publisher(publisher, upstream, NS[:2])
+    track = publisher.track(NS, b"live", retain_groups=2)
+    sub = await world.subscriber(downstream)
+    async with asyncio.timeout(T), sub.subscribe(NS, b"live", start=None) as live:
+        await live.answered()
+        with pytest.raises(FetchRefused) as info:
+            async with joining(sub, live.request_id, 0) as objects:
+                [o async for o in objects]
+        assert info.value.error is RequestError.INVALID_RANGE
+    for i in range(3):
+        track.publish(0, i, payload(i))
+    late = await world.subscriber(downstream)
+    async with asyncio.timeout(T), late.subscribe(NS, b"live", start=None) as live:
+        await live.answered()
+        async with joining(late, live.request_id, 0) as objects:
+            got = [(o.location, bytes(o.payload)) async for o in objects]
+        track.publish(0, 3, payload(3))
+        assert (await anext(live)).location == Location(0, 3)  # the subscription goes on after it
+    assert got == [(Location(0, i), payload(i)) for i in range(3)]
+    track.close()
 
 
 @BRIDGES

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from moqt.api import Publisher, Subscriber, allow_authenticated
+from moqt.api import ObjectStream, Publisher, Subscriber, allow_authenticated
 from moqt.api.memory import MemoryNet
 from moqt.profiles import PROFILES, Profile
+from moqt.tracks import ObjectAssembler, RequestKind, RequestTracker
 from moqt.wire import Namespace
 from relay.server import Relay
 from relay.settings import RelaySettings
@@ -34,6 +35,16 @@ BRIDGE_PARAMS: list[Any] = [pytest.param(up, down, id=f"{draft_id(up)}-to-{draft
 DRAFTS = pytest.mark.parametrize("profile", PROFILE_PARAMS)
 #: ``@BRIDGES`` runs the test once per (publisher's draft, subscriber's draft) pair of different drafts.
 BRIDGES = pytest.mark.parametrize(("upstream", "downstream"), BRIDGE_PARAMS)
+
+
+def joining(sub: Subscriber, subscription: int, start: int, timeout_s: float = 20.0) -> ObjectStream:
+    """A relative joining FETCH of ``subscription``, ``start`` groups back (the API has no call of its
+    own for one)."""
+    endpoint = sub.endpoint
+    request_id = endpoint.session.joining_fetch(subscription, start)
+    inbox = endpoint.open_inbox(request_id, RequestTracker(RequestKind.FETCH), ObjectAssembler())
+    endpoint.link.transmit_soon()
+    return ObjectStream(endpoint, request_id, inbox, timeout_s)
 
 
 class MemoryRelay:
