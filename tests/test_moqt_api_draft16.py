@@ -136,10 +136,18 @@ async def test_joining_fetch_before_any_object_is_invalid_range_after_it_the_obj
 
 
 @pytest.mark.parametrize("profile", UPDATING)
-async def test_request_update_is_answered_and_a_refused_one_ends_the_subscription(profile: Profile) -> None:
+@pytest.mark.parametrize("via_relay", [False, True], ids=["publisher", "relay"])
+async def test_request_update_is_answered_and_a_refused_one_ends_the_subscription(profile: Profile,
+                                                                                  via_relay: bool) -> None:
+    """At a publisher and at our relay (which registers the subscriptions it serves the same way)."""
     publisher = Publisher(authorize=allow_authenticated)
     track = publisher.track(NS, b"live")
-    sub = await served(publisher, profile)
+    world = MemoryRelay()
+    if via_relay:
+        await world.publisher(publisher, profile, NS[:1])
+        sub = await world.subscriber(profile)
+    else:
+        sub = await served(publisher, profile)
     seen = spy(sub)
     session = sub.endpoint.session
     async with asyncio.timeout(T), sub.subscribe(NS, b"live") as live:
@@ -160,6 +168,7 @@ async def test_request_update_is_answered_and_a_refused_one_ends_the_subscriptio
     [done] = [m for m in seen if isinstance(m, PublishDone)]
     assert profile.publish_done.name(done.status_code) is PublishDoneStatus.UPDATE_FAILED
     track.close()
+    await world.close()
 
 
 class MessageKindOf:
