@@ -13,10 +13,11 @@ It imports aiomoqt alone (no kvsp), so it runs in the interop environment as it 
 
 from __future__ import annotations
 
-import importlib.metadata
-import json
-from typing import Any
+from functools import partial
 
+import _vectors as vectors
+from _vectors import emit
+from _vectors import octets as _octets
 from aiomoqt.context import PROFILES
 from aiomoqt.messages import (
     FetchHeader,
@@ -45,23 +46,11 @@ from aiomoqt.messages.d18 import Setup
 from aiomoqt.messages.fetch import Fetch
 from aiomoqt.types import GroupOrder, ObjectStatus
 
-VERSION = importlib.metadata.version("aiomoqt")
 D18 = PROFILES[18]
 NS = (b"kvsp", b"5ed5c2f2")
 NAME = b"raw"
 
-
-def _octets(buf: Any) -> bytes:
-    return bytes(buf.data[: buf.tell()]) if hasattr(buf, "tell") else bytes(buf)
-
-
-def emit(name: str, kind: str, octets: bytes, source: str) -> None:
-    print(json.dumps({"name": name, "kind": kind, "hex": octets.hex(), "source": f"aiomoqt {VERSION}, {source}"}))
-
-
-def control(name: str, message: Any) -> None:
-    cls = type(message)
-    emit(name, "control", _octets(message.serialize(prof=D18)), f"{cls.__module__}.{cls.__qualname__}.serialize")
+control = partial(vectors.control, prof=D18)
 
 
 def control_vectors() -> None:
