@@ -18,7 +18,7 @@ import pytest
 
 from moqt import kinds
 from moqt.messages import ALL_MESSAGES, ControlMessage, Fetch, message_classes
-from moqt.profiles import DRAFT_14, DRAFT_16, PROFILES, Profile
+from moqt.profiles import DRAFT_14, DRAFT_16, DRAFT_18, PROFILES, Profile
 from moqt.profiles import draft14 as d14
 from moqt.profiles import draft16 as d16
 from moqt.profiles.base import CodeMap, DatagramForm, Layout, SessionShape, SubgroupForm
@@ -119,8 +119,8 @@ def test_draft_16_has_one_request_error_table_for_every_answer() -> None:
 def test_identity_and_a_few_numbers_from_the_text() -> None:
     assert (DRAFT_14.draft, DRAFT_14.version, DRAFT_14.alpn) == (14, 0xFF00000E, "moq-00")
     assert (DRAFT_16.draft, DRAFT_16.version, DRAFT_16.alpn) == (16, 0xFF000010, "moqt-16")
-    assert PROFILES == (DRAFT_16, DRAFT_14)
-    for profile in PROFILES:
+    assert PROFILES == (DRAFT_18, DRAFT_16, DRAFT_14)
+    for profile in (DRAFT_16, DRAFT_14):
         assert profile.message_types.code(kinds.MessageKind.SUBSCRIBE) == 0x03
         assert profile.message_types.code(kinds.MessageKind.CLIENT_SETUP) == 0x20
         assert profile.session_errors.code(kinds.SessionError.PROTOCOL_VIOLATION) == 0x3
@@ -128,7 +128,7 @@ def test_identity_and_a_few_numbers_from_the_text() -> None:
     assert DRAFT_16.message_types.code(kinds.MessageKind.REQUEST_OK) == 0x07  # draft-14's PUBLISH_NAMESPACE_OK
     assert DRAFT_16.publish_done.code(kinds.PublishDoneStatus.MALFORMED_TRACK) == 0x12  # draft-14: 0x7
     assert DRAFT_14.layout == Layout() and DRAFT_14.shape is SessionShape.DRAFT_14
-    assert DRAFT_16.shape is SessionShape.DRAFT_16
+    assert DRAFT_16.shape is SessionShape.DRAFT_16 and DRAFT_18.shape is SessionShape.DRAFT_18
     assert not DRAFT_14.extension_headers.codes and not DRAFT_14.subscribe_options.codes
 
 

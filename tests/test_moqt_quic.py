@@ -219,7 +219,7 @@ def test_datagram_size_is_clamped_to_the_largest_udp_payload(caplog: pytest.LogC
 def test_quic_configuration_carries_settings(pki: Pki) -> None:
     config = pki.config("client", settings=QuicSettings(max_data=1 << 22, congestion_control="reno"))
     qc = config.quic_configuration(is_client=True, datagram_size=9000, server_name="127.0.0.1")
-    assert qc.alpn_protocols == ["moqt-16", "moq-00"]  # every draft, newest first
+    assert qc.alpn_protocols == ["moqt-18", "moqt-16", "moq-00"]  # every draft, newest first
     assert (qc.max_datagram_size, qc.max_data, qc.congestion_control_algorithm) == (9000, 1 << 22, "reno")
     assert qc.certificate is not None and qc.private_key is not None
     assert qc.verify_mode == ssl.CERT_NONE  # aioquic's check can't parse our URI SANs; moqt/tls.py verifies

@@ -8,6 +8,6 @@ from moqt.profiles.draft18 import DRAFT_18
 
 #: Every draft this package speaks, newest first (the order a client offers them in). DRAFT_18 joins
 #: once its session strategy works.
-PROFILES = (DRAFT_16, DRAFT_14)
+PROFILES = (DRAFT_18, DRAFT_16, DRAFT_14)
 
 __all__ = ["DRAFT_14", "DRAFT_16", "DRAFT_18", "PROFILES", "Profile"]

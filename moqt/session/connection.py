@@ -1,6 +1,7 @@
-"""``MoqtSession``: MOQT (the draft its ``Profile`` names: 14 or 16) over an aioquic ``QuicConnection``,
-sans-I/O (like ``H3Connection``). The draft is chosen before the session exists -- by the ALPN the
-QUIC handshake agreed (``moqt-16``; ``moq-00`` is draft-14) -- and passed in as ``profile``.
+"""``MoqtSession``: MOQT (the draft its ``Profile`` names: 14, 16 or 18) over an aioquic
+``QuicConnection``, sans-I/O (like ``H3Connection``). The draft is chosen before the session exists --
+by the ALPN the QUIC handshake agreed (``moqt-18``, ``moqt-16``; ``moq-00`` is draft-14) -- and passed
+in as ``profile``; where the drafts differ in shape the session asks its strategy (``shapes``).
 
 Why this shape: the session never touches sockets, tasks or clocks. The caller feeds every QUIC event
 to ``handle_event`` and gets MOQT events back; the request and publishing methods write to the
@@ -32,7 +33,6 @@ from moqt.messages import (
     ClientSetup,
     ControlMessage,
     ControlStreamParser,
-    GoAway,
     MaxRequestId,
     ServerSetup,
 )
@@ -42,9 +42,9 @@ from moqt.profiles.negotiation import profile_for_alpn
 from moqt.session.data_streams import DataReceiver
 from moqt.session.inbound import ControlHandler
 from moqt.session.outbound import RequestApi
-from moqt.session.request_ids import RequestIds
 from moqt.session.request_state import RequestState
 from moqt.session.sending import ObjectApi
+from moqt.session.shapes import shape_class
 from moqt.session.state import SessionLimits, SessionState
 from moqt.session.tokens import TokenCache
 
@@ -68,7 +68,8 @@ class MoqtSession(RequestApi, ObjectApi):
     :param authority: client: the AUTHORITY parameter; server: the only AUTHORITY accepted when sent.
     :param setup_parameters: extra setup parameters (tokens, implementation name); the session sets
         PATH, AUTHORITY and MAX_REQUEST_ID itself.
-    :param request_window: how many requests the peer may have in flight (initial MAX_REQUEST_ID).
+    :param request_window: how many requests the peer may have in flight (initial MAX_REQUEST_ID;
+        draft-18 has none: QUIC's bidirectional stream limit bounds the peer's requests).
     :param auto_grant_requests: refill the peer's window as it is used (off: call ``grant_requests``).
     :param auto_accept: server: answer a valid CLIENT_SETUP at once; off: emit ``SetupRequested``.
     :param deliver_partial_objects: emit ``ObjectChunkReceived`` pieces instead of whole objects.
@@ -88,8 +89,8 @@ class MoqtSession(RequestApi, ObjectApi):
         profile = profile or _negotiated_profile(quic)
         local_first = profile.client_first_request_id if is_client else profile.server_first_request_id
         peer_first = profile.server_first_request_id if is_client else profile.client_first_request_id
-        ids = RequestIds(local_first=local_first, peer_first=peer_first, window=request_window,
-                         auto_grant=auto_grant_requests)
+        ids = shape_class(profile).REQUEST_IDS(local_first=local_first, peer_first=peer_first,
+                                               window=request_window, auto_grant=auto_grant_requests)
         self._core = SessionState(quic, profile=profile, is_client=is_client, limits=limits, ids=ids)
         self._data = DataReceiver(self._core, partial=deliver_partial_objects)
         self._tokens = TokenCache(max_auth_token_cache_size)
@@ -208,12 +209,14 @@ class MoqtSession(RequestApi, ObjectApi):
     def _on_stream_data(self, event: StreamDataReceived) -> None:
         core = self._core
         stream_id = event.stream_id
-        if stream_id & 0x2:  # unidirectional: a data stream (the peer's, QUIC checked the direction)
-            self._data.receive(stream_id, event.data, event.end_stream)
+        if stream_id & 0x2:  # unidirectional (the peer's, QUIC checked): data, or draft-18 control / padding
+            data, messages = core.shape.uni_stream(stream_id, event.data, event.end_stream)
+            for message in messages:
+                self._on_control(message)
+            if data is not None:
+                self._data.receive(stream_id, data, event.end_stream)
             return
-        if core.control_stream_id is None and not core.is_client and stream_id % 4 == 0:
-            core.control_stream_id = stream_id
-        if stream_id != core.control_stream_id:
+        if not core.shape.control_bidi(stream_id):
             self._on_request_stream(event)
             return
         for message in self._parser.feed(event.data):
@@ -229,21 +232,25 @@ class MoqtSession(RequestApi, ObjectApi):
         if not shape.owns(event.stream_id):
             raise ProtocolViolation(_PV, f"bidirectional stream {event.stream_id} besides the control stream")
         if not core.established:  # the draft lets us reset such a stream rather than buffer it
-            core.stop_receiving(event.stream_id)
+            shape.early_request_stream(event.stream_id, event.data, event.end_stream)
             return
         for message in shape.request_stream(event.stream_id, event.data, event.end_stream):
             self._control.handle(message)
+        if event.end_stream:
+            for message in shape.request_stream_ended(event.stream_id):
+                self._control.handle(message)
 
     def _on_stream_reset(self, event: StreamReset) -> None:
         if event.stream_id == self._core.control_stream_id:
             raise ProtocolViolation(_PV, "the control stream was reset")
         if not event.stream_id & 0x2:  # bidirectional: a request's stream
-            self._request_stream_closed(event.stream_id)
+            self._request_stream_closed(event.stream_id, event.error_code, ours=False)
             return
-        self._data.reset(event.stream_id, event.error_code)
+        if not self._core.shape.uni_stream_reset(event.stream_id):
+            self._data.reset(event.stream_id, event.error_code)
 
-    def _request_stream_closed(self, stream_id: int) -> None:
-        for message in self._core.shape.request_stream_closed(stream_id):
+    def _request_stream_closed(self, stream_id: int, error_code: int, *, ours: bool) -> None:
+        for message in self._core.shape.request_stream_closed(stream_id, error_code, ours=ours):
             self._control.handle(message)
 
     def _on_stop_sending(self, event: StopSendingReceived) -> None:
@@ -251,7 +258,7 @@ class MoqtSession(RequestApi, ObjectApi):
         if event.stream_id == core.control_stream_id:
             raise ProtocolViolation(_PV, "STOP_SENDING on the control stream")
         if not event.stream_id & 0x2:
-            self._request_stream_closed(event.stream_id)
+            self._request_stream_closed(event.stream_id, event.error_code, ours=True)
             return
         stream = core.outbound.pop(event.stream_id, None)
         if stream is None:
@@ -279,7 +286,6 @@ class MoqtSession(RequestApi, ObjectApi):
     # -- setup -----------------------------------------------------------------------------------
     def _start_client(self) -> None:
         core = self._core
-        core.control_stream_id = core.quic.get_next_available_stream_id()
         params = dataclasses.replace(self._setup_parameters, path=self._path, authority=self._authority,
                                      max_request_id=core.ids.local_max,
                                      max_auth_token_cache_size=self._tokens.max_size or None)
@@ -340,6 +346,8 @@ class MoqtSession(RequestApi, ObjectApi):
         core.version = version
         self._peer_parameters = peer
         core.events.append(SessionEstablished(version, peer, authorization))
+        for message in core.shape.established():
+            self._control.handle(message)
 
     def accept_setup(self, parameters: SetupParameters | None = None) -> list[MoqtEvent]:
         """Server with ``auto_accept=False``: send SERVER_SETUP and process what the client pipelined."""
@@ -379,7 +387,7 @@ class MoqtSession(RequestApi, ObjectApi):
             raise LocalError("GOAWAY was already sent")
         if core.is_client and new_session_uri:
             raise LocalError("a client's GOAWAY carries no New Session URI")
-        core.send_control(GoAway(new_session_uri))
+        core.send_control(core.shape.goaway_message(new_session_uri, timeout))
         core.goaway_sent = True
         if now is not None and timeout is not None:
             self._goaway_deadline = now + timeout

@@ -22,6 +22,7 @@ from moqt.data import (
     PayloadChunk,
     StreamFinished,
     SubgroupHeader,
+    is_padding_datagram,
 )
 from moqt.errors import ProtocolViolation
 from moqt.events import (
@@ -57,7 +58,8 @@ class DataReceiver:
         if stream is None:
             stream = InboundStream(stream_id, DataStreamParser(
                 max_object_size=core.limits.max_object_size,
-                max_extensions_length=core.limits.max_extensions_length, profile=core.profile))
+                max_extensions_length=core.limits.max_extensions_length, profile=core.profile,
+                fetch_order=self._fetch_order))
             core.inbound[stream_id] = stream
         if stream.ignored:
             if end_stream:
@@ -83,8 +85,16 @@ class DataReceiver:
         if not stream.ignored:
             core.events.append(DataStreamReset(stream_id, stream.request_id, error_code))
 
+    def _fetch_order(self, request_id: int) -> GroupOrder:
+        """The group order of our FETCH ``request_id`` (draft-18's fetch streams run their Group ID
+        deltas that way; omitted from the FETCH: ascending)."""
+        request = self._core.requests.get(request_id)
+        return GroupOrder.ASCENDING if request is None else request.group_order
+
     def datagram(self, data: bytes) -> None:
         core = self._core
+        if is_padding_datagram(data, core.profile):  # draft-18: "MUST discard all data"
+            return
         datagram = ObjectDatagram.decode(data, max_extensions_length=core.limits.max_extensions_length,
                                          profile=core.profile)
         request_id = core.inbound_aliases.get(datagram.track_alias)

@@ -147,7 +147,8 @@ class ControlHandler:
         self._accept_id(msg.request_id)
         if msg.standalone is not None:
             self._register(Request(msg.request_id, RequestKind.FETCH, False, msg.standalone.track_namespace,
-                                   msg.standalone.track_name, fetch_start=msg.standalone.start))
+                                   msg.standalone.track_name, fetch_start=msg.standalone.start,
+                                   group_order=msg.group_order))
             self._emit(msg)
             return
         assert msg.joining is not None
@@ -158,7 +159,8 @@ class ControlHandler:
             return
         if target.filter_type != FilterType.LARGEST_OBJECT:
             raise ProtocolViolation(_PV, "joining FETCH of a subscription whose filter is not Largest Object")
-        self._register(Request(msg.request_id, RequestKind.FETCH, False, target.namespace, target.track_name))
+        self._register(Request(msg.request_id, RequestKind.FETCH, False, target.namespace, target.track_name,
+                               group_order=msg.group_order))
         self._emit(msg)
 
     def _on_publish(self, msg: Publish) -> None:
@@ -181,12 +183,14 @@ class ControlHandler:
         self._accept_id(msg.request_id)
         for other in core.requests.values():
             if other.kind == RequestKind.SUBSCRIBE_NAMESPACE and not other.local \
-                    and namespaces_overlap(other.namespace, msg.track_namespace_prefix):
+                    and namespaces_overlap(other.namespace, msg.track_namespace_prefix) \
+                    and core.shape.overlapping(other.options, msg.options):
                 code = core.profile.request_error_code(MessageKind.SUBSCRIBE_NAMESPACE_ERROR,
                                                        RequestError.NAMESPACE_PREFIX_OVERLAP)
                 core.send_control(SubscribeNamespaceError(msg.request_id, code, "overlapping prefix"))
                 return
-        self._register(Request(msg.request_id, RequestKind.SUBSCRIBE_NAMESPACE, False, msg.track_namespace_prefix))
+        self._register(Request(msg.request_id, RequestKind.SUBSCRIBE_NAMESPACE, False, msg.track_namespace_prefix,
+                               options=msg.options))
         self._emit(msg)
 
     def _on_subscribe_update(self, msg: SubscribeUpdate) -> None:

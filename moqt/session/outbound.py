@@ -84,7 +84,7 @@ class RequestApi:
     def _send_request(self, draft: M, request: Request, *, new_request: bool = True) -> M:
         """Take the next Request ID for an already-validated message, record it and send it. What the
         session's draft cannot say (draft-14 has no empty prefix) is refused before the ID is taken."""
-        draft.encode(self._check_open().profile)
+        self._check_open().shape.check_sendable(draft)
         request_id = self._new_request_id(new_request=new_request)
         message = dataclasses.replace(draft, request_id=request_id)
         request.request_id = request_id
@@ -115,7 +115,7 @@ class RequestApi:
             self._core.remove_request(request)
 
     def _request_error(self, message: MessageKind, error: RequestError | int) -> int:
-        return self._core.profile.request_error_code(message, error)
+        return self._core.shape.error_code(message, error)
 
     def _require(self, kind: MessageKind, instead: str = "") -> None:
         """Refuse a send the session's draft has no message for (draft-16 has no SUBSCRIBE_UPDATE)."""

@@ -1,4 +1,6 @@
-"""Request ID allocation and MAX_REQUEST_ID flow control, both directions (draft-14 section 9.1, 9.5).
+"""Request ID allocation and MAX_REQUEST_ID flow control, both directions (draft-14 section 9.1, 9.5);
+``StreamRequestIds`` for draft-18, which has no MAX_REQUEST_ID (its requests are flow controlled by
+QUIC's bidirectional stream limit, each request being a stream of its own).
 
 Why separate: the rules are pure arithmetic (client IDs even from 0, server IDs odd from 1, each new
 request +2, the peer's bound is exclusive) and are easiest to get right -- and to test -- apart from
@@ -12,6 +14,7 @@ from typing import Final
 
 from moqt.errors import ProtocolViolation
 from moqt.kinds import SessionError
+from moqt.wire import VARINT_MAX
 
 _PV: Final = SessionError.PROTOCOL_VIOLATION
 
@@ -95,3 +98,82 @@ class RequestIds:
         if not self.auto_grant or self.window == 0 or self.remaining_for_peer() * 2 > self.window:
             return None
         return self.grant(self.window)
+
+
+class IdSet:
+    """Which members of the sequence ``first, first + step, ...`` have been seen, in bounded memory:
+    every member below ``floor`` was, and ``_above`` holds those seen past the first gap.
+
+    Why: draft-18 requests each travel on their own stream, so they may arrive out of order; the draft
+    still requires a duplicate Request ID to close the session, and a late octet of a request stream
+    we have forgotten must not read as a new one. A peer may hold at most ``limit`` members out of
+    order (QUIC's stream limit bounds honest peers far below it).
+    """
+
+    def __init__(self, first: int, step: int, *, limit: int = 4096) -> None:
+        self.floor = first
+        self._step = step
+        self._above: set[int] = set()
+        self._limit = limit
+
+    def __contains__(self, value: int) -> bool:
+        return value < self.floor or value in self._above
+
+    def add(self, value: int) -> bool:
+        """Record ``value``; False when it was already there. Raises past ``limit`` out of order."""
+        if value in self:
+            return False
+        self._above.add(value)
+        while self.floor in self._above:
+            self._above.discard(self.floor)
+            self.floor += self._step
+        if len(self._above) > self._limit:
+            raise ProtocolViolation(SessionError.INVALID_REQUEST_ID,
+                                    f"more than {self._limit} IDs out of order (next missing: {self.floor})")
+        return True
+
+
+class StreamRequestIds(RequestIds):
+    """Draft-18 Request IDs: no MAX_REQUEST_ID and no REQUESTS_BLOCKED (section "Request ID"); ours
+    are never refused by the session (QUIC queues a request stream past the peer's limit), and the
+    peer's need the right parity and no repeat, in any order."""
+
+    def __init__(self, *, local_first: int, peer_first: int, window: int, auto_grant: bool) -> None:
+        super().__init__(local_first=local_first, peer_first=peer_first, window=window, auto_grant=auto_grant)
+        self.peer_max = self.local_max = VARINT_MAX
+        self._peer_seen = IdSet(peer_first, 2)
+        self._parity = peer_first % 2
+
+    def can_allocate(self) -> bool:
+        return self.next_local < VARINT_MAX
+
+    def set_peer_initial(self, value: int | None) -> None:
+        """SETUP has no MAX_REQUEST_ID option in this draft: nothing to set."""
+
+    def raise_peer_max(self, value: int) -> None:
+        raise ProtocolViolation(_PV, "MAX_REQUEST_ID in a draft without it")
+
+    def accept_peer_request(self, request_id: int) -> None:
+        """Right parity and never used before (section "Request ID": else INVALID_REQUEST_ID)."""
+        if request_id % 2 != self._parity:
+            raise ProtocolViolation(SessionError.INVALID_REQUEST_ID,
+                                    f"Request ID {request_id} has the wrong parity for the peer")
+        if not self._peer_seen.add(request_id):
+            raise ProtocolViolation(SessionError.INVALID_REQUEST_ID, f"Request ID {request_id} used twice")
+
+    @property
+    def lowest_unseen_peer(self) -> int:
+        """GOAWAY's Request ID: the smallest of the peer's IDs not yet processed (all below it were)."""
+        return self._peer_seen.floor
+
+    def issued_by_peer(self, request_id: int) -> bool:
+        return request_id % 2 == self._parity and request_id in self._peer_seen
+
+    def remaining_for_peer(self) -> int:
+        return VARINT_MAX
+
+    def grant(self, count: int) -> int | None:
+        return None
+
+    def auto_grant_due(self) -> int | None:
+        return None

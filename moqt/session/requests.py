@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from moqt.kinds import FilterType, GroupOrder, MessageKind
+from moqt.kinds import FilterType, GroupOrder, MessageKind, SubscribeOptions
 from moqt.params import RequestParameters
 from moqt.session.request_state import (
     INITIAL,
@@ -47,6 +47,7 @@ class Request:
     fetch_stream_done: bool = False
     last_location: Location | None = None  # FETCH: last object received; PUBLISH: its Largest Location
     updates: int | None = None  # REQUEST_UPDATE (draft-16): the Request ID of the request it updates
+    options: SubscribeOptions = SubscribeOptions.BOTH  # SUBSCRIBE_NAMESPACE: what it asks for
     state: RequestState = field(init=False)
 
     def __post_init__(self) -> None:

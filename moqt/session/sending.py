@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from moqt.data import FetchHeader, FetchWriter, ObjectDatagram, Payload, SubgroupHeader, SubgroupWriter
 from moqt.errors import LocalError, StreamClosedError
-from moqt.kinds import ObjectStatus, StreamReset
+from moqt.kinds import GroupOrder, ObjectStatus, StreamReset
 from moqt.session.request_state import RequestKind
 from moqt.session.requests import Request
 from moqt.session.state import OutboundStream, SessionState
@@ -48,7 +48,8 @@ class ObjectApi:
             raise LocalError(f"{request_id} is not an open FETCH from the peer")
         if request.streams_opened:
             raise LocalError("a FETCH is answered on one stream")
-        return self._open_stream(request, FetchWriter(FetchHeader(request_id), core.profile))
+        order = GroupOrder.DESCENDING if request.group_order is GroupOrder.DESCENDING else GroupOrder.ASCENDING
+        return self._open_stream(request, FetchWriter(FetchHeader(request_id), core.profile, order))
 
     def _open_stream(self, request: Request, writer: SubgroupWriter | FetchWriter) -> int:
         core = self._core

@@ -173,6 +173,7 @@ class SessionState:
         """PUBLISH_DONE: forget the subscription, but keep its alias until the streams the publisher
         says it opened have all been seen (they often open after PUBLISH_DONE arrives)."""
         self.requests.pop(request.request_id, None)
+        self.shape.request_over(request)
         alias = request.track_alias
         if alias is None or self.inbound_aliases.get(alias) != request.request_id:
             return
@@ -195,6 +196,7 @@ class SessionState:
 
     def remove_request(self, request: Request) -> None:
         self.requests.pop(request.request_id, None)
+        self.shape.request_over(request)
         if request.we_subscribe:
             self.retire_alias(request.track_alias)
 

@@ -1,91 +1,47 @@
-"""Per-draft session strategies: how the session's draft-neutral messages travel, for behaviour that
-changed shape between drafts (the profile's ``shape`` names the strategy; ``shape_for`` builds it).
+"""Draft-16's strategy: REQUEST_OK / REQUEST_ERROR answer every request, REQUEST_UPDATE is itself a
+request, and each SUBSCRIBE_NAMESPACE runs on a bidirectional stream of its own.
 
-Why a strategy instead of conditionals: the session (``inbound``, ``outbound``, the request table)
-speaks in draft-neutral messages -- SUBSCRIBE_ERROR, FETCH_ERROR, PUBLISH_NAMESPACE_OK, ... -- and
-``ControlShape`` (draft-14) writes each as it is, on the control stream. Draft-16 answers every
-request with REQUEST_OK or REQUEST_ERROR and runs each SUBSCRIBE_NAMESPACE on a bidirectional stream
-of its own; ``RequestStreamsShape`` turns the neutral messages into those on the way out, and back
-on the way in by the kind of request the Request ID names, so the rest of the session, the api and
-the relay see the same messages in either draft.
+Why a strategy: the session speaks in draft-neutral messages -- SUBSCRIBE_ERROR, FETCH_ERROR,
+PUBLISH_NAMESPACE_OK, ... -- and ``RequestStreamsShape`` turns them into draft-16's on the way out,
+and back on the way in by the kind of request the Request ID names, so the rest of the session, the
+api and the relay see the same messages in every draft.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from moqt.errors import LocalError, ProtocolViolation
-from moqt.kinds import GroupOrder, SessionError
+from moqt.kinds import GroupOrder
 from moqt.messages import (
     ControlMessage,
     ControlStreamParser,
-    FetchError,
     FetchOk,
     NamespaceDone,
     NamespaceNotice,
     NamespaceSuffixMessage,
-    PublishError,
     PublishNamespaceCancel,
     PublishNamespaceDone,
-    PublishNamespaceError,
     PublishNamespaceOk,
     RequestErrorMessage,
     RequestErrorReply,
     RequestOk,
-    SubscribeError,
     SubscribeNamespace,
     SubscribeNamespaceError,
     SubscribeNamespaceOk,
-    TrackStatusError,
     TrackStatusOk,
     UnsubscribeNamespace,
 )
-from moqt.profiles.base import SessionShape
 from moqt.session.request_state import RequestKind
+from moqt.session.shapes.control import ERRORS, PV, ControlShape
 from moqt.wire import Namespace
 
 if TYPE_CHECKING:
     from moqt.session.state import SessionState
 
-_PV: Final = SessionError.PROTOCOL_VIOLATION
 _K = RequestKind
-
-#: The neutral error message each kind of request is refused with.
-_ERRORS: Final[dict[RequestKind, type[RequestErrorMessage]]] = {
-    _K.SUBSCRIBE: SubscribeError, _K.FETCH: FetchError, _K.PUBLISH: PublishError,
-    _K.TRACK_STATUS: TrackStatusError, _K.PUBLISH_NAMESPACE: PublishNamespaceError,
-    _K.SUBSCRIBE_NAMESPACE: SubscribeNamespaceError,
-}
-
-
-class ControlShape:
-    """Draft-14: one bidirectional stream carries every control message, each as the session wrote it."""
-
-    def __init__(self, core: SessionState) -> None:
-        self._core = core
-
-    def send(self, message: ControlMessage) -> None:
-        self._core.write_control(message)
-
-    def receive(self, message: ControlMessage) -> ControlMessage | None:
-        """The neutral message a control-stream message stands for (None: nothing left to handle)."""
-        return message
-
-    def owns(self, stream_id: int) -> bool:
-        """Whether a bidirectional stream other than the control stream is a request's (draft-16)."""
-        return False
-
-    def request_stream(self, stream_id: int, data: bytes, end_stream: bool) -> list[ControlMessage]:
-        raise ProtocolViolation(_PV, f"bidirectional stream {stream_id} besides the control stream")
-
-    def request_stream_closed(self, stream_id: int) -> list[ControlMessage]:
-        """The peer reset (or stopped) a request stream: what that means, as neutral messages."""
-        return []
-
-    def send_on_request_stream(self, request_id: int, message: NamespaceSuffixMessage) -> None:
-        raise LocalError(f"draft-{self._core.profile.draft} has no {message.KIND.value}")
 
 
 @dataclass(slots=True, eq=False)
@@ -129,7 +85,7 @@ class RequestStreamsShape(ControlShape):
         elif isinstance(message, PublishNamespaceOk):
             core.write_control(RequestOk(message.request_id))
         else:
-            core.write_control(message)
+            super().send(message)
 
     def _open(self, message: SubscribeNamespace) -> None:
         core = self._core
@@ -154,7 +110,10 @@ class RequestStreamsShape(ControlShape):
                                               message.retry_interval))
         self._finish(stream)  # "If it is an error, the stream will be immediately closed via FIN"
 
-    def send_on_request_stream(self, request_id: int, message: NamespaceSuffixMessage) -> None:
+    def send_on_request_stream(self, request_id: int, message: ControlMessage) -> None:
+        if not isinstance(message, NamespaceSuffixMessage):
+            super().send_on_request_stream(request_id, message)
+            return
         stream = self._stream_of(request_id)
         if stream.local or stream.fin_sent:
             raise LocalError(f"{request_id} is not a namespace subscription we serve")
@@ -190,7 +149,7 @@ class RequestStreamsShape(ControlShape):
         if isinstance(message, RequestOk | RequestErrorReply):
             return self._answer(message)
         if isinstance(message, NamespaceSuffixMessage):
-            raise ProtocolViolation(_PV, f"{message.KIND.value} on the control stream")
+            raise ProtocolViolation(PV, f"{message.KIND.value} on the control stream")
         if isinstance(message, PublishNamespaceDone | PublishNamespaceCancel) and message.request_id is not None:
             request = self._core.requests.get(message.request_id)
             if request is None:
@@ -205,21 +164,21 @@ class RequestStreamsShape(ControlShape):
     def _answer(self, message: RequestOk | RequestErrorReply) -> ControlMessage:
         request = self._core.requests.get(message.request_id)
         if request is None:
-            raise ProtocolViolation(_PV, f"{message.KIND.value} for Request ID {message.request_id}, "
+            raise ProtocolViolation(PV, f"{message.KIND.value} for Request ID {message.request_id}, "
                                          "which awaits no answer")
         kind = request.kind
         if kind is _K.UPDATE:
             return message
         if kind is _K.SUBSCRIBE_NAMESPACE:
-            raise ProtocolViolation(_PV, "a SUBSCRIBE_NAMESPACE is answered on its own stream")
+            raise ProtocolViolation(PV, "a SUBSCRIBE_NAMESPACE is answered on its own stream")
         if isinstance(message, RequestErrorReply):
-            return _ERRORS[kind](message.request_id, message.error_code, message.reason, message.retry_interval)
+            return ERRORS[kind](message.request_id, message.error_code, message.reason, message.retry_interval)
         if kind is _K.TRACK_STATUS:
             return TrackStatusOk(message.request_id, 0, largest_location=message.largest_location,
                                  parameters=message.parameters)
         if kind is _K.PUBLISH_NAMESPACE:
             return PublishNamespaceOk(message.request_id)
-        raise ProtocolViolation(_PV, f"REQUEST_OK does not answer {kind.value}")
+        raise ProtocolViolation(PV, f"REQUEST_OK does not answer {kind.value}")
 
     # -- in: SUBSCRIBE_NAMESPACE streams ---------------------------------------------------------
     def owns(self, stream_id: int) -> bool:
@@ -237,21 +196,21 @@ class RequestStreamsShape(ControlShape):
                 out.append(handled)
         if end_stream:
             if stream.parser.buffered:
-                raise ProtocolViolation(_PV, "a SUBSCRIBE_NAMESPACE stream ended inside a message")
+                raise ProtocolViolation(PV, "a SUBSCRIBE_NAMESPACE stream ended inside a message")
             out += self._ended(stream)
         return out
 
     def _on_stream_message(self, stream: _RequestStream, message: ControlMessage) -> ControlMessage | None:
         if not stream.local:
             if stream.request_id is not None or not isinstance(message, SubscribeNamespace):
-                raise ProtocolViolation(_PV, f"{message.KIND.value} on a SUBSCRIBE_NAMESPACE stream")
+                raise ProtocolViolation(PV, f"{message.KIND.value} on a SUBSCRIBE_NAMESPACE stream")
             stream.request_id, stream.prefix = message.request_id, message.track_namespace_prefix
             self._by_request[message.request_id] = stream.stream_id
             return message
         assert stream.request_id is not None
         if isinstance(message, RequestOk | RequestErrorReply):
             if stream.answered or message.request_id != stream.request_id:
-                raise ProtocolViolation(_PV, f"a second answer, or one for another request, on stream "
+                raise ProtocolViolation(PV, f"a second answer, or one for another request, on stream "
                                              f"{stream.stream_id}")
             stream.answered = True
             if isinstance(message, RequestOk):
@@ -260,7 +219,7 @@ class RequestStreamsShape(ControlShape):
                                            message.retry_interval)
         if isinstance(message, NamespaceNotice | NamespaceDone) and stream.answered:
             return self._suffix(stream, message)
-        raise ProtocolViolation(_PV, f"{message.KIND.value} on a SUBSCRIBE_NAMESPACE stream")
+        raise ProtocolViolation(PV, f"{message.KIND.value} on a SUBSCRIBE_NAMESPACE stream")
 
     def _suffix(self, stream: _RequestStream, message: NamespaceNotice | NamespaceDone) -> ControlMessage | None:
         suffix = message.track_namespace_suffix
@@ -269,7 +228,7 @@ class RequestStreamsShape(ControlShape):
         elif suffix in stream.announced:
             stream.announced.discard(suffix)
         else:
-            raise ProtocolViolation(_PV, "NAMESPACE_DONE before its NAMESPACE")
+            raise ProtocolViolation(PV, "NAMESPACE_DONE before its NAMESPACE")
         if stream.request_id not in self._core.requests:
             return None  # we have withdrawn the subscription; what was on its way no longer matters
         return dataclasses.replace(message, request_id=stream.request_id)
@@ -278,7 +237,7 @@ class RequestStreamsShape(ControlShape):
         """The peer closed its side: a subscriber's FIN cancels the SUBSCRIBE_NAMESPACE (we close ours);
         a publisher's ends the subscription (after REQUEST_ERROR, or later)."""
         if stream.local and not stream.answered:
-            raise ProtocolViolation(_PV, "a SUBSCRIBE_NAMESPACE stream closed before its answer")
+            raise ProtocolViolation(PV, "a SUBSCRIBE_NAMESPACE stream closed before its answer")
         del self._streams[stream.stream_id]
         if stream.request_id is not None:
             self._by_request.pop(stream.request_id, None)
@@ -292,7 +251,7 @@ class RequestStreamsShape(ControlShape):
             self._core.remove_request(request)
         return []
 
-    def request_stream_closed(self, stream_id: int) -> list[ControlMessage]:
+    def request_stream_closed(self, stream_id: int, error_code: int, *, ours: bool) -> list[ControlMessage]:
         stream = self._streams.get(stream_id)
         if stream is None:
             return []
@@ -300,12 +259,3 @@ class RequestStreamsShape(ControlShape):
         return self._ended(stream)
 
 
-SHAPES: Final[dict[SessionShape, type[ControlShape]]] = {
-    SessionShape.DRAFT_14: ControlShape,
-    SessionShape.DRAFT_16: RequestStreamsShape,
-}
-
-
-def shape_for(core: SessionState) -> ControlShape:
-    """The strategy the session's profile names."""
-    return SHAPES[core.profile.shape](core)
