@@ -10,6 +10,8 @@ Laid out like ``aioquic.asyncio``:
   buffers and optional UDP GSO.
 * `client` (`connect`) and `server` (`serve`, `MoqtServer`: routing by connection ID, the
   per-address connection cap).
+* `token_deadline`: D3's auth deadline for a peer without a verified certificate, shared with the
+  picoquic back-end (`moqt.quic.pico`, Python >= 3.12 with aiopquic; imported on its own).
 * `liveness`: when a connection PINGs (keepalive) and when it gives a silent peer up, sans-I/O;
   `refusal`: TLS alerts as crypto errors for refused certificates, a stateless CONNECTION_REFUSED.
 * `aioquic_hooks`: the one module that overrides or reads aioquic's private methods and state

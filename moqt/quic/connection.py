@@ -44,7 +44,8 @@ from moqt.quic.aioquic_hooks import (
 from moqt.quic.config import EndpointConfig, MoqtUri
 from moqt.quic.liveness import Liveness, Verdict
 from moqt.quic.refusal import address_text, certificate_alert, crypto_error
-from moqt.tls import PeerAuthentication, PeerCertificateError
+from moqt.quic.token_deadline import TokenDeadline
+from moqt.tls import PeerCertificateError
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class ConnectionStats:
     keepalive_pings: int = 0
 
 
-class MoqtConnection(PeerAuthentication, Generic[E]):
+class MoqtConnection(TokenDeadline, Generic[E]):
     """One QUIC connection, its session and its authenticated peer (``peer_identity`` and friends).
 
     Made by :func:`moqt.quic.connect` or a :class:`moqt.quic.MoqtServer`. The session factory runs once
@@ -443,21 +444,11 @@ class MoqtConnection(PeerAuthentication, Generic[E]):
         elif self.config.require_certificate:
             raise PeerCertificateError("a client certificate is required")
         else:  # D3: a client without certificate has auth_timeout_s to present a valid token
-            self._auth_timer = self._loop.call_later(self.config.settings.auth_timeout_s, self._auth_deadline)
+            self._start_auth_deadline(self.config.settings.auth_timeout_s)
             return
         self.peer_certificate = peer
         self.peer_identity = peer.identity
         self.authenticated_by = "certificate"
-
-    def _authenticated(self) -> None:
-        if self._auth_timer is not None:
-            self._auth_timer.cancel()
-            self._auth_timer = None
-
-    def _auth_deadline(self) -> None:
-        self._auth_timer = None
-        if self._authenticated_by is None:
-            self.close(SessionError.UNAUTHORIZED, "no client certificate and no valid authorization token")
 
     def _terminated(self, event: qe.ConnectionTerminated) -> None:
         self._close_event = event

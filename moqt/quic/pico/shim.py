@@ -3,7 +3,8 @@
 Why a shim: the session writes into ``quic`` (``send_stream_data``, ``reset_stream``, ``close`` ...) and
 matches aioquic's event classes. aiopquic takes ``bytes`` only and refuses a write its ring cannot hold
 (``BufferError``); the session cannot wait, so a refused write waits in a per-stream queue that a task
-flushes when aiopquic's drain event fires (no polling), in order, before any later write of that stream.
+flushes when aiopquic's drain event fires (no polling), in order, before any later write of that stream:
+the stream's drain event when its ring was full, the connection's TX-event-ring event when that was.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -33,6 +35,8 @@ class PicoQuic:
         self.tls = _Tls()
         self._queued: dict[int, deque[tuple[bytes, bool]]] = {}
         self._flushers: dict[int, asyncio.Task[None]] = {}
+        #: Told of every local close (code, reason), whoever closes: aiopquic reports our own close as code 0.
+        self.on_close: Callable[[int, str], None] | None = None
 
     @property
     def closing(self) -> bool:
@@ -70,12 +74,35 @@ class PicoQuic:
                 try:
                     quic.send_stream_data(stream_id, piece, fin)
                 except BufferError:
-                    await drained.wait()
+                    await self._room(stream_id, len(piece), drained)
                     continue
                 queue.popleft()
         finally:
             self._queued.pop(stream_id, None)
             self._flushers.pop(stream_id, None)
+
+    async def _room(self, stream_id: int, size: int, drained: asyncio.Event) -> None:
+        """Wait for room after a BufferError, which aiopquic raises alike for the connection's TX *event* ring
+        and the stream's own ring: told apart by the stream ring's fill. The per-stream drain event never
+        fires for the first, so that waits on the transport's ring event (also set when the connection
+        closes); the second on the stream's event, armed for the worker's next pull from a non-empty ring."""
+        quic = self._quic
+        cap = int(getattr(quic.configuration, "stream_ring_cap", _CHUNK))
+        used = int(quic.tx_data_ring_used(stream_id))
+        transport = quic._transport
+        if transport is None:
+            return
+        if used + size <= cap:
+            ring = transport.tx_event_ring_drain_event
+            ring.clear()
+            if transport.arm_tx_event_ring_drain_pending():
+                await ring.wait()
+                return
+        if used == 0:  # neither ring is full any more: retry on the next loop turn
+            await asyncio.sleep(0)
+            return
+        quic.set_tx_data_drain_pending(stream_id)
+        await drained.wait()
 
     def reset_stream(self, stream_id: int, error_code: int) -> None:
         self._drop(stream_id)
@@ -94,6 +121,8 @@ class PicoQuic:
         """Only the code reaches the peer: picoquic sends neither reason nor frame type."""
         for stream_id in list(self._queued):
             self._drop(stream_id)
+        if not self._quic.closed and self.on_close is not None:
+            self.on_close(error_code, reason_phrase)
         self._quic.close(error_code)
 
     def _drop(self, stream_id: int) -> None:
