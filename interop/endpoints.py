@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,6 @@ from typing import Any, TypeAlias
 from interop.content import BlockSpec
 from kvsp.container import replica_digest
 from moqt import (
-    DRAFT_14,
     AuthToken,
     ControlMessageReceived,
     DataStreamEnded,
@@ -175,7 +175,7 @@ class BlockPublisher:
                 claims = conn.authenticate_with_token(event.authorization[0].value)
                 self.identities.append(claims.subject)
         except AuthError as exc:
-            self.stats.setups_rejected.append((DRAFT_14.session_errors.code(exc.error), str(exc)))
+            self.stats.setups_rejected.append((session.profile.session_errors.code(exc.error), str(exc)))
             session.reject_setup(exc.error, str(exc))
             return
         for follow_up in session.accept_setup():
@@ -334,9 +334,14 @@ class TrackResult:
         return [(o.group, o.object, o.payload) for o in self.layers]
 
 
-def client_config(ca: Path, settings: QuicSettings | None = None) -> EndpointConfig:
-    """A certificate-less client that verifies the server against ``ca`` (D3: tokens authenticate us)."""
-    return EndpointConfig(PeerTrust.load(ca), None, settings or INTEROP_SETTINGS)
+def client_config(ca: Path, settings: QuicSettings | None = None, *,
+                  drafts: tuple[int, ...] | None = None) -> EndpointConfig:
+    """A certificate-less client that verifies the server against ``ca`` (D3: tokens authenticate us),
+    offering the ALPNs of ``drafts`` (None: the settings' own, by default every draft we speak)."""
+    settings = settings or INTEROP_SETTINGS
+    if drafts is not None:
+        settings = dataclasses.replace(settings, drafts=drafts)
+    return EndpointConfig(PeerTrust.load(ca), None, settings)
 
 
 class Subscriber:
@@ -347,7 +352,10 @@ class Subscriber:
         self._loop = asyncio.get_running_loop()
 
     @classmethod
-    async def connect(cls, uri: str, ca: Path, *, token: bytes | None = None, timeout: float = 10.0) -> Subscriber:
+    async def connect(cls, uri: str, ca: Path, *, token: bytes | None = None, timeout: float = 10.0,
+                      drafts: tuple[int, ...] | None = None) -> Subscriber:
+        """Connect offering ``drafts`` (None: every draft we speak, newest first) and wait for the
+        server's setup."""
         params = SetupParameters(authorization_tokens=(AuthToken.use_value(0, token),) if token else ())
         holder: list[MoqtSession] = []
         path = MoqtUri.parse(uri).path
@@ -356,7 +364,7 @@ class Subscriber:
             holder.append(MoqtSession(conn.quic, path=path, setup_parameters=params))
             return holder[0]
 
-        conn: Conn = await connect(uri, client_config(ca), factory)
+        conn: Conn = await connect(uri, client_config(ca, drafts=drafts), factory)
         try:
             async with asyncio.timeout(timeout):
                 event = await conn.next_event()
@@ -419,7 +427,7 @@ class Subscriber:
         return result
 
     async def close(self, timeout: float = 5.0) -> None:
-        self.conn.close(DRAFT_14.session_errors.code(SessionError.NO_ERROR), "done")
+        self.conn.close(self.session.profile.session_errors.code(SessionError.NO_ERROR), "done")
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await self.conn.wait_closed()

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar, Final, TypeVar
+from typing import ClassVar, Final, Literal, TypeAlias, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -34,6 +34,7 @@ from moqt.auth import issue_token
 REPO: Final = Path(__file__).resolve().parents[1]
 PEERS: Final = REPO / "interop" / "peers"
 AIOMOQT_VERSION: Final = "0.13.3"
+AIOMOQT_DEFAULT_DRAFTS: Final = (22, 20, 18, 16, 14)  # aiomoqt.types.MOQT_DEFAULT_DRAFTS: its default offer
 VENV: Final = REPO / ".venv-interop"
 PYTHON_ENV: Final = "KVSP_INTEROP_PYTHON"
 PREFIX: Final = "@interop "
@@ -169,6 +170,7 @@ class PeerProcess:
         self.output: deque[str] = deque(maxlen=_TAIL_LINES)
         self._messages: asyncio.Queue[PeerMessage] = asyncio.Queue()
         self._line_waiters: list[tuple[str, asyncio.Future[None]]] = []
+        self._watched: dict[str, int] = {}
         self._readers: list[asyncio.Task[None]] = []
 
     async def start(self) -> PeerProcess:
@@ -195,9 +197,21 @@ class PeerProcess:
                     self._messages.put_nowait(PeerMessage("error", {"error": f"malformed line {text[:200]!r}"}))
                 continue
             self.output.append(text)
+            for needle in self._watched:
+                if needle in text:
+                    self._watched[needle] += 1
             for needle, waiter in self._line_waiters:
                 if needle in text and not waiter.done():
                     waiter.set_result(None)
+
+    def watch(self, needle: str) -> None:
+        """Count, from now on, the diagnostics lines that contain ``needle`` (see :meth:`seen`); unlike
+        :attr:`output`, the count misses nothing however much the peer logs."""
+        self._watched.setdefault(needle, 0)
+
+    def seen(self, needle: str) -> int:
+        """How many diagnostics lines contained ``needle`` since :meth:`watch`."""
+        return self._watched[needle]
 
     def diagnostics(self) -> str:
         rc = None if self.proc is None else self.proc.returncode
@@ -306,6 +320,7 @@ class PeerReport:
     objects: tuple[PeerObject, ...]
     publish_done_status: int | None
     subscribed_us: int | None
+    draft: int | None  # the draft aiomoqt's handshake agreed (None: it never got that far)
     raw: Mapping[str, object] = field(repr=False)
 
     @classmethod
@@ -318,7 +333,7 @@ class PeerReport:
                    close_code=_opt(data, "close_code", int), reply=_opt(data, "reply", str),
                    objects=tuple(_peer_object(o) for o in objects),
                    publish_done_status=_opt(done, "status_code", int) if done else None,
-                   subscribed_us=_opt(data, "subscribed_us", int), raw=data)
+                   subscribed_us=_opt(data, "subscribed_us", int), draft=_opt(data, "draft", int), raw=data)
 
     @property
     def layers(self) -> list[PeerObject]:
@@ -347,8 +362,13 @@ def _peer_object(item: object) -> PeerObject:
     return PeerObject(group, _opt(item, "subgroup", int), obj, status, bytes.fromhex(payload), recv or 0)
 
 
+Draft: TypeAlias = int | Literal["all"]
+"""What an aiomoqt peer speaks: one draft alone (its ALPN only), or ``"all"``: aiomoqt's default list,
+newest first (22, 20, 18, 16, 14), offered by a client / accepted by a server."""
+
+
 class Aiomoqt:
-    """Starts aiomoqt peers with the interop venv's interpreter."""
+    """Starts aiomoqt peers with the interop venv's interpreter; each speaks the ``draft`` it is given."""
 
     def __init__(self, python: Path, credentials: Credentials) -> None:
         self.python, self.credentials = python, credentials
@@ -356,26 +376,28 @@ class Aiomoqt:
     def _script(self, name: str, *args: str) -> list[str]:
         return [str(self.python), str(PEERS / name), *args]
 
-    async def subscriber(self, uri: str, block: BlockSpec, mode: str, *, token: bytes | None = None,
-                         timeout: float = 10.0) -> PeerReport:
+    async def subscriber(self, uri: str, block: BlockSpec, mode: str, *, draft: Draft,
+                         token: bytes | None = None, timeout: float = 10.0) -> PeerReport:
         """Run the aiomoqt subscriber to completion and return its report."""
         argv = self._script("aiomoqt_subscriber.py", uri, "--ca", str(self.credentials.ca), "--mode", mode,
-                            "--timeout", str(timeout), *block.to_args())
+                            "--timeout", str(timeout), "--draft", str(draft), *block.to_args())
         if token is not None:
             argv += ["--token", token.hex()]
         async with PeerProcess(f"aiomoqt subscriber ({mode})", argv) as peer:
             message = await peer.expect("result", 2 * timeout + 10)
             return PeerReport.decode(message.fields)
 
-    def publisher(self, blocks: Sequence[BlockSpec], *, live: Sequence[BlockSpec] = (), listen: int | None = None,
-                  connect: str | None = None, interval: float = 0.05, lifetime: float = 60.0) -> PeerProcess:
+    def publisher(self, blocks: Sequence[BlockSpec], *, draft: Draft, live: Sequence[BlockSpec] = (),
+                  listen: int | None = None, connect: str | None = None, interval: float = 0.05,
+                  lifetime: float = 60.0) -> PeerProcess:
         """An aiomoqt publisher of ``blocks`` (stored: FETCH-able at once) and ``live`` (produced on the
-        first SUBSCRIBE); all of the same sizes. Start it with ``async with``, then ``expect("ready")``."""
+        first SUBSCRIBE); all of the same sizes. Start it with ``async with``, then ``expect("ready")``
+        (a client's carries the ``draft`` agreed; a server reports ``session`` with it per session)."""
         every = [*blocks, *live]
         if not every or len({(b.layers, b.k_size, b.v_size) for b in every}) != 1:
             raise ValueError("an aiomoqt publisher serves at least one block, all of one size")
         argv = self._script("aiomoqt_publisher.py", *every[0].to_args(), "--interval", str(interval),
-                            "--lifetime", str(lifetime))
+                            "--lifetime", str(lifetime), "--draft", str(draft))
         for block in blocks:
             argv += ["--stored", block.track_arg()]
         for block in live:
@@ -389,13 +411,15 @@ class Aiomoqt:
             raise ValueError("give listen or connect")
         return PeerProcess("aiomoqt publisher", argv)
 
-    def relay(self, port: int) -> PeerProcess:
-        """aiomoqt's ``moq-interop-relay`` on raw QUIC, draft-14 only, with the aiomoqt certificate.
-        Ready once it logs "Listening on all interfaces" (see :data:`RELAY_READY`)."""
+    def relay(self, port: int, *, draft: Draft) -> PeerProcess:
+        """aiomoqt's ``moq-interop-relay`` on raw QUIC, accepting ``draft`` only (``"all"``: aiomoqt's default
+        list), with the aiomoqt certificate. Ready once it logs "Listening on all interfaces" (see
+        :data:`RELAY_READY`); it logs each session's draft (``d16 from 127.0.0.1:...``)."""
+        spec = ",".join(map(str, AIOMOQT_DEFAULT_DRAFTS)) if draft == "all" else str(draft)
         script = self.python.parent / "moq-interop-relay"
         command = [str(script)] if script.is_file() else [str(self.python), "-m", "aiomoqt.tools.moq_interop_relay"]
         return PeerProcess("moq-interop-relay", [
-            *command, "--bind", "127.0.0.1", "--port", str(port), "--quic", "--draft", "14",
+            *command, "--bind", "127.0.0.1", "--port", str(port), "--quic", "--draft", spec,
             "--cert", str(self.credentials.cert("aiomoqt")), "--key", str(self.credentials.key("aiomoqt"))])
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from interop.content import BlockSpec
 from interop.endpoints import INTEROP_SETTINGS
-from interop.harness import PEERS, Aiomoqt, Credentials, PeerProcess
+from interop.harness import PEERS, Aiomoqt, Credentials, Draft, PeerProcess
 from kvsp.moqt_binding import kvsp_token_rule
 from kvsp.service.policy import Policy, ScopeGrant
 from moqt.quic import EndpointConfig
@@ -33,10 +33,10 @@ async def start_relay(credentials: Credentials, readers: Sequence[str], scope: b
     return relay, f"moqt://127.0.0.1:{port}/relay"
 
 
-def relay_publisher(peers: Aiomoqt, blocks: Sequence[BlockSpec], *, live: Sequence[BlockSpec], connect: str,
-                    token: bytes, interval: float) -> PeerProcess:
+def relay_publisher(peers: Aiomoqt, blocks: Sequence[BlockSpec], *, draft: Draft, live: Sequence[BlockSpec],
+                    connect: str, token: bytes, interval: float) -> PeerProcess:
     """``peers.publisher(..., connect=...)`` that also sends ``token`` in its CLIENT_SETUP."""
-    plain = peers.publisher(blocks, live=live, connect=connect, interval=interval)
+    plain = peers.publisher(blocks, draft=draft, live=live, connect=connect, interval=interval)
     script = str(PEERS / "aiomoqt_relay_publisher.py")
     argv = [script if arg.endswith("aiomoqt_publisher.py") else arg for arg in plain.argv]
     return PeerProcess("aiomoqt relay publisher", [*argv, "--token", token.hex()])

@@ -20,11 +20,24 @@ from aiomoqt.utils.logger import set_log_level
 
 from interop.content import BlockSpec
 
-__all__ = ["DRAFT", "PREFIX", "BlockSpec", "add_block_args", "block_from", "emit", "object_json", "parse_moqt_uri",
-           "quiet_logging"]
+__all__ = ["DRAFTS", "PREFIX", "BlockSpec", "add_block_args", "add_draft_arg", "block_from", "emit", "object_json",
+           "parse_moqt_uri", "quiet_logging", "supported_drafts"]
 
 PREFIX = "@interop "
-DRAFT = 14  # decision D3: draft-14 (ALPN moq-00, version 0xff00000e)
+DRAFTS = (14, 16, 18)  # decision D3's drafts: ALPN moq-00 (version 0xff00000e), moqt-16, moqt-18
+ALL = "all"
+
+
+def add_draft_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft", default="14", choices=[*map(str, DRAFTS), ALL],
+                        help="MOQT draft to speak: 14, 16 or 18 pins aiomoqt to that draft alone (its ALPN only: "
+                             "moq-00, moqt-16, moqt-18); 'all' is aiomoqt's own default, every draft it has "
+                             "offered / accepted newest first (22, 20, 18, 16, 14)")
+
+
+def supported_drafts(args: argparse.Namespace) -> int | None:
+    """``--draft`` as aiomoqt's ``supported_drafts`` takes it: one draft number, or None for its default list."""
+    return None if args.draft == ALL else int(args.draft)
 
 
 def emit(kind: str, **fields: object) -> None:

@@ -13,11 +13,14 @@ computes each octet; the sizes are --layers/--k-size/--v-size): group 0, object 
 
 Two ways to reach it:
 
-* ``--listen PORT --cert C --key K``: a raw-QUIC ``MOQTServer`` (draft-14 only); every session gets
-  its own tracks. Reports ``{"kind": "ready", "port": PORT}`` once listening.
-* ``--connect moqt://relay:port/path --ca CA``: a client that announces the namespace with
-  PUBLISH_NAMESPACE (``PublishedTrack.publish(announce_namespace=True, publish_track=False)``) so a
-  relay routes SUBSCRIBE and FETCH for it here. Reports ``ready`` once PUBLISH_NAMESPACE_OK arrived.
+* ``--listen PORT --cert C --key K``: a raw-QUIC ``MOQTServer`` accepting the ALPN of ``--draft``
+  only (or, with ``--draft all``, every draft aiomoqt has); every session gets its own tracks.
+  Reports ``{"kind": "ready", "port": PORT}`` once listening, and ``{"kind": "session", "draft": N}``
+  when a session's first request arrives (N: the draft its handshake agreed).
+* ``--connect moqt://relay:port/path --ca CA``: a client offering ``--draft`` that announces the
+  namespace with PUBLISH_NAMESPACE (``PublishedTrack.publish(announce_namespace=True,
+  publish_track=False)``) so a relay routes SUBSCRIBE and FETCH for it here. Reports ``ready`` (with
+  the ``draft`` agreed) once PUBLISH_NAMESPACE_OK arrived.
 
 Runs until ``--lifetime`` seconds pass or SIGTERM; reports ``{"kind": "served", ...}`` counters when
 a track finishes production.
@@ -31,7 +34,16 @@ import contextlib
 import signal
 from functools import partial
 
-from _common import DRAFT, BlockSpec, add_block_args, block_from, emit, parse_moqt_uri, quiet_logging
+from _common import (
+    BlockSpec,
+    add_block_args,
+    add_draft_arg,
+    block_from,
+    emit,
+    parse_moqt_uri,
+    quiet_logging,
+    supported_drafts,
+)
 from aiomoqt.client import MOQTClient
 from aiomoqt.server import MOQTServer
 from aiomoqt.track import PublishedTrack
@@ -71,7 +83,7 @@ def make_tracks(session, args: argparse.Namespace) -> list[BlockTrack]:
 
 async def serve(args: argparse.Namespace) -> None:
     server = MOQTServer("127.0.0.1", args.listen, certificate=args.cert, private_key=args.key, use_quic=True,
-                        supported_drafts=DRAFT)
+                        supported_drafts=supported_drafts(args))
     attached: dict[int, list[BlockTrack]] = {}
 
     async def route(default: str, session, msg) -> None:
@@ -79,6 +91,7 @@ async def serve(args: argparse.Namespace) -> None:
         # from then on aiomoqt routes each SUBSCRIBE/FETCH for a track name to that track.
         if id(session) not in attached:
             attached[id(session)] = make_tracks(session, args)
+            emit("session", draft=session.negotiated_draft)
             for track in attached[id(session)]:
                 track.attach(session)
         track_handler = session._track_handler(msg)
@@ -100,7 +113,8 @@ async def serve(args: argparse.Namespace) -> None:
 
 async def announce(args: argparse.Namespace) -> None:
     host, port, path = parse_moqt_uri(args.connect)
-    client = MOQTClient(host, port, path=path, use_quic=True, ca_file=args.ca, supported_drafts=DRAFT)
+    client = MOQTClient(host, port, path=path, use_quic=True, ca_file=args.ca,
+                        supported_drafts=supported_drafts(args))
     async with client.connect() as session:
         await session.client_session_init(timeout=10)
         announced: set[tuple[bytes, ...]] = set()
@@ -111,7 +125,7 @@ async def announce(args: argparse.Namespace) -> None:
             announced.add(track.block.namespace)
             # PUBLISH_NAMESPACE, answered before the next: the relay routes the namespace here.
             await track.publish(announce_namespace=True, publish_track=False)
-        emit("ready", namespaces=[[f.hex() for f in ns] for ns in sorted(announced)])
+        emit("ready", draft=session.negotiated_draft, namespaces=[[f.hex() for f in ns] for ns in sorted(announced)])
         closed = asyncio.ensure_future(session.async_closed())
         await asyncio.wait([closed], timeout=args.lifetime)
         closed.cancel()
@@ -132,6 +146,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between live layers")
     parser.add_argument("--lifetime", type=float, default=60.0)
     parser.add_argument("--debug", action="store_true")
+    add_draft_arg(parser)
     add_block_args(parser)
     args = parser.parse_args()
     if not args.stored and not args.live:

@@ -13,7 +13,7 @@ import asyncio
 import sys
 
 import aiomoqt_publisher as base
-from _common import DRAFT, emit, parse_moqt_uri
+from _common import emit, parse_moqt_uri, supported_drafts
 from aiomoqt.client import MOQTClient
 from aiomoqt.types import SetupParamType
 
@@ -32,7 +32,8 @@ TOKEN = b""
 
 async def announce(args: argparse.Namespace) -> None:
     host, port, path = parse_moqt_uri(args.connect)
-    client = MOQTClient(host, port, path=path, use_quic=True, ca_file=args.ca, supported_drafts=DRAFT)
+    client = MOQTClient(host, port, path=path, use_quic=True, ca_file=args.ca,
+                        supported_drafts=supported_drafts(args))
     async with client.connect() as session:
         await session.client_session_init(timeout=10, parameters={SetupParamType.AUTH_TOKEN: TOKEN})
         announced: set[tuple[bytes, ...]] = set()
@@ -42,7 +43,7 @@ async def announce(args: argparse.Namespace) -> None:
                 continue
             announced.add(track.block.namespace)
             await track.publish(announce_namespace=True, publish_track=False)
-        emit("ready", namespaces=[[f.hex() for f in ns] for ns in sorted(announced)])
+        emit("ready", draft=session.negotiated_draft, namespaces=[[f.hex() for f in ns] for ns in sorted(announced)])
         closed = asyncio.ensure_future(session.async_closed())
         await asyncio.wait([closed], timeout=args.lifetime)
         closed.cancel()

@@ -2,13 +2,15 @@
 
 Run by the interop venv (Python 3.12, aiomoqt 0.13.3)::
 
-    python interop/peers/aiomoqt_subscriber.py moqt://127.0.0.1:4433/kvsp --ca ca.pem \
+    python interop/peers/aiomoqt_subscriber.py moqt://127.0.0.1:4433/kvsp --ca ca.pem --draft 16 \
         --token HEX --mode fetch --namespace 6b767370,... --track raw --layers 8 --k-size 1024 --v-size 1024
 
 Authenticates with the AUTHORIZATION TOKEN setup parameter (aiomoqt wraps the value as Token Type 0,
-USE_VALUE) when --token is given; verifies the server certificate against --ca. Reports, as one
-``@interop`` line of kind ``result``: ``ok``, the ``stage`` that failed (setup / request / data),
-the session close code and reason, the answer to the request and every object (hex payload).
+USE_VALUE) when --token is given; verifies the server certificate against --ca; offers the ALPN of
+--draft only (14: moq-00, 16: moqt-16, 18: moqt-18), or with ``--draft all`` aiomoqt's default offer,
+newest first. Reports, as one ``@interop`` line of kind ``result``: ``ok``, the ``draft`` the
+handshake agreed, the ``stage`` that failed (setup / request / data), the session close code and
+reason, the answer to the request and every object (hex payload).
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ import argparse
 import asyncio
 import time
 
-from _common import DRAFT, add_block_args, block_from, emit, object_json, parse_moqt_uri, quiet_logging
+from _common import (
+    add_block_args,
+    add_draft_arg,
+    block_from,
+    emit,
+    object_json,
+    parse_moqt_uri,
+    quiet_logging,
+    supported_drafts,
+)
 from aiomoqt.client import MOQTClient
 from aiomoqt.types import FilterType, MOQTException, MOQTRequestError, ObjectStatus, SetupParamType
 
@@ -35,7 +46,8 @@ def _close_info(session: object) -> dict[str, object]:
 async def run(args: argparse.Namespace) -> dict[str, object]:
     block = block_from(args)
     host, port, path = parse_moqt_uri(args.uri)
-    client = MOQTClient(host, port, path=path, use_quic=True, ca_file=args.ca, supported_drafts=DRAFT)
+    client = MOQTClient(host, port, path=path, use_quic=True, ca_file=args.ca,
+                        supported_drafts=supported_drafts(args))
     setup = {SetupParamType.AUTH_TOKEN: bytes.fromhex(args.token)} if args.token else None
     objects: list[dict[str, object]] = []
     report: dict[str, object] = {"ok": False, "mode": args.mode, "objects": objects}
@@ -48,9 +60,10 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         try:
             await session.client_session_init(timeout=args.timeout, parameters=setup)
         except (MOQTException, OSError, ConnectionError) as exc:
-            report.update(stage="setup", error=f"{type(exc).__name__}: {exc}", **_close_info(session))
+            report.update(stage="setup", error=f"{type(exc).__name__}: {exc}", draft=session.negotiated_draft,
+                          **_close_info(session))
             return report
-        report["draft"] = session.negotiated_draft
+        report["draft"] = session.negotiated_draft  # from the ALPN the handshake agreed
         ns, name = block.namespace, block.track
         try:
             if args.mode == "fetch":
@@ -58,7 +71,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                     objects.append(object_json(msg.group_id, msg.subgroup_id, msg.object_id, status=msg.status,
                                                payload=msg.payload, extensions=msg.extensions, recv_us=now_us))
 
-                # End Location is the last object plus 1 (draft-14 section 9.16).
+                # End Location is the last object plus 1 (draft-14 section 9.16; the same in 16 and 18).
                 reply = await session.fetch(ns, name, start_group=0, start_object=0, end_group=0,
                                             end_object=block.layers, on_object=on_fetch_object, wait_response=True)
                 report["reply"] = type(reply).__name__
@@ -110,6 +123,7 @@ def main() -> None:
                         help="SUBSCRIBE filter type (default 0x2, Largest Object)")
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--debug", action="store_true")
+    add_draft_arg(parser)
     add_block_args(parser)
     args = parser.parse_args()
     quiet_logging(args.debug)
