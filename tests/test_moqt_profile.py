@@ -242,4 +242,5 @@ def test_no_module_outside_the_draft_16_profile_names_its_enums() -> None:
                         or (node.module == "moqt.profiles" and "draft16" in imported):
                     users.add(rel)
     assert not [path for path in users if path.startswith(CORE)], "the sans-I/O core must read the profile"
-    assert users <= {"tests/test_moqt_profile.py"}, sorted(users)
+    # a later draft's profile may reuse the tables draft-16 left unchanged (draft18.py: GroupOrder, ...)
+    assert users <= {"tests/test_moqt_profile.py", "moqt/profiles/draft18.py"}, sorted(users)

@@ -30,7 +30,7 @@ from moqt.kinds import (
 )
 from moqt.profiles.base import CodeMap, DataFraming, DatagramForm, Layout, N, Profile, SessionShape, SubgroupForm
 from moqt.profiles.draft14 import AliasType, FetchType, FilterType, SessionErrorCode
-from moqt.profiles.draft16 import DATAGRAM_TYPES
+from moqt.profiles.draft16 import DATAGRAM_TYPES, GroupOrder, ObjectStatus  # unchanged in draft-18
 
 
 class MessageType(IntEnum):
@@ -136,21 +136,6 @@ class StreamResetCode(IntEnum):
     EXPIRED_AUTH_TOKEN = 0x7
     EXCESSIVE_LOAD = 0x9
     MALFORMED_TRACK = 0x12
-
-
-class GroupOrder(IntEnum):
-    """GROUP_ORDER parameter and DEFAULT_PUBLISHER_GROUP_ORDER values (the publisher's: absent)."""
-
-    ASCENDING = 0x1
-    DESCENDING = 0x2
-
-
-class ObjectStatus(IntEnum):
-    """Object Status (section "Object Status")."""
-
-    NORMAL = 0x0
-    END_OF_GROUP = 0x3
-    END_OF_TRACK = 0x4
 
 
 class PropertyType(IntEnum):

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Generic, Protocol, TypeAlias, TypeVar, cast
+from typing import Any, Final, Generic, Protocol, Self, TypeAlias, TypeVar, cast
 
 from aioquic.quic import events as qe
 from aioquic.quic.connection import NetworkAddress
@@ -107,46 +107,26 @@ class ConnectionStats:
     keepalive_pings: int = 0
 
 
-class MoqtConnection(TokenDeadline, Generic[E]):
-    """One QUIC connection, its session and its authenticated peer (``peer_identity`` and friends).
+class SessionEvents(TokenDeadline, Generic[E]):
+    """What the connections of both QUIC back-ends share (this module's `MoqtConnection`, picoquic's
+    ``moqt.quic.pico.connection.PicoConnection``): the session's events, delivered to ``on_event`` or
+    queued for one :meth:`next_event` consumer, the closed state and the error it raises, ``wait_ready``
+    and ``async with``. The subclass calls `_init_events` in its ``__init__`` and provides ``close``,
+    ``address``, ``profile`` and the two transport questions at the end."""
 
-    Made by :func:`moqt.quic.connect` or a :class:`moqt.quic.MoqtServer`. The session factory runs once
-    the handshake has completed *and* the peer certificate (if any) has verified, so no session sees an
-    unverified peer.
-    Session events go to ``on_event`` if given, else to a queue read with :meth:`next_event` (one
-    consumer). A session with ``get_timer``/``handle_timer`` (GOAWAY timeout) has its timer armed too.
-    """
+    address: NetworkAddress
+    profile: Profile
+    _loop: asyncio.AbstractEventLoop
+    _on_event: Callable[[Any, E], None] | None
 
-    def __init__(self, quic: HookedQuicConnection, endpoint: DatagramEndpoint, address: NetworkAddress,
-                 config: EndpointConfig, session_factory: SessionFactory[E], *, uri: MoqtUri | None = None,
-                 on_event: EventHandler[E] | None = None, expected_identity: str | None = None) -> None:
-        self.quic, self.address, self.config, self.uri = quic, address, config, uri
-        self.is_client: bool = quic.configuration.is_client
-        self.stats = ConnectionStats()
-        self._loop = asyncio.get_running_loop()
-        self._endpoint, self._factory, self._on_event = endpoint, session_factory, on_event
-        self._expected_identity = expected_identity
+    def _init_events(self) -> None:
         self._session: SessionLike[E] | None = None
-        # The draft the handshake's ALPN chose (set at HandshakeCompleted): the session speaks it and it
-        # numbers this connection's closes; draft-14 numbers a close before the handshake has completed.
-        self.profile: Profile = DRAFT_14
-        self._timed: TimedSession[E] | None = None
-        self._pending: list[qe.QuicEvent] = []
         self._events: deque[E] = deque()
         self._event_waiter: asyncio.Future[None] | None = None
-        self._drainers: dict[int, asyncio.Future[None]] = {}
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self._closed = asyncio.Event()
         self._close_event: qe.ConnectionTerminated | None = None
         self._rejected = False
-        self._transmit_handle: asyncio.Handle | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
-        self._auth_timer: asyncio.TimerHandle | None = None
-        self._liveness: Liveness | None = None  # from the end of the handshake (moqt/quic/liveness.py)
-        self._pings = 0
-        super().__init__(config.token_keys)
-        quic.on_write = self.transmit_soon
 
     @property
     def session(self) -> SessionLike[E] | None:
@@ -161,7 +141,6 @@ class MoqtConnection(TokenDeadline, Generic[E]):
         """Why the connection ended (code, reason; ``frame_type`` None = application close)."""
         return self._close_event if self.closed else None
 
-    # -- events, sending -----------------------------------------------------------------------------
     async def next_event(self) -> E:
         """The next session event; raises :class:`ConnectionClosedError` once closed and drained."""
         while not self._events:
@@ -184,6 +163,105 @@ class MoqtConnection(TokenDeadline, Generic[E]):
             except ConnectionClosedError:
                 return
 
+    async def wait_ready(self) -> None:
+        """Handshake done, the peer checked as far as the back-end can, and the session created."""
+        await asyncio.shield(self._ready)
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.close(SessionError.NO_ERROR if exc is None else SessionError.INTERNAL_ERROR)
+        await self.wait_closed()
+
+    def _run_session(self, method: Callable[[Any], Sequence[E]], argument: object) -> None:
+        """Call into the session and deliver its events; a raise is a bug there: close INTERNAL_ERROR."""
+        try:
+            for item in method(argument):
+                if self._on_event is not None:
+                    self._on_event(self, item)
+                else:
+                    self._events.append(item)
+        except Exception as exc:  # the session maps peer errors to closes itself; anything else is a bug
+            self._rejected = True
+            if self._transport_closing() and isinstance(exc, (MoqtError, ConnectionError)):
+                # The session had closed for the peer's fault (e.g. a FIN with its CLIENT_SETUP) before a
+                # handler answered an event of the same batch: the peer's doing, one line (kvsp/service/logs.py).
+                log.info("MOQT peer %s: the session closed before its events were answered (%s)",
+                         address_text(self.address), exc, extra={"kvsp_peer": "moqt.closed-early"})
+            else:
+                log.exception("MOQT session or event handler failed; closing the connection")
+                self.close(SessionError.INTERNAL_ERROR, "internal error")
+        self._wake_event_waiter()
+
+    def _wake_event_waiter(self) -> None:
+        if self._event_waiter is not None and not self._event_waiter.done():
+            self._event_waiter.set_result(None)
+
+    def _fail_ready(self, error: BaseException) -> None:
+        if not self._ready.done():
+            self._ready.set_exception(error)
+            self._ready.exception()  # marked retrieved: a server-side connection has nobody waiting
+
+    def _closed_error(self) -> ConnectionClosedError:
+        ev = self._close_event
+        if ev is None:
+            return ConnectionClosedError(self.profile.session_errors.code(SessionError.NO_ERROR), "closed", True)
+        return ConnectionClosedError(ev.error_code, ev.reason_phrase, self._closed_by_application(ev))
+
+    def _check_open(self) -> None:
+        if self.closed or self._transport_closing():
+            raise self._closed_error()
+
+    def _transport_closing(self) -> bool:
+        """Whether the QUIC connection is closing or closed (the session can no longer write)."""
+        raise NotImplementedError
+
+    def _closed_by_application(self, event: qe.ConnectionTerminated) -> bool:
+        """Whether the close was the application's (a session's), not the transport's."""
+        raise NotImplementedError
+
+
+class MoqtConnection(SessionEvents[E]):
+    """One QUIC connection, its session and its authenticated peer (``peer_identity`` and friends).
+
+    Made by :func:`moqt.quic.connect` or a :class:`moqt.quic.MoqtServer`. The session factory runs once
+    the handshake has completed *and* the peer certificate (if any) has verified, so no session sees an
+    unverified peer.
+    Session events go to ``on_event`` if given, else to a queue read with :meth:`next_event` (one
+    consumer). A session with ``get_timer``/``handle_timer`` (GOAWAY timeout) has its timer armed too.
+    """
+
+    def __init__(self, quic: HookedQuicConnection, endpoint: DatagramEndpoint, address: NetworkAddress,
+                 config: EndpointConfig, session_factory: SessionFactory[E], *, uri: MoqtUri | None = None,
+                 on_event: EventHandler[E] | None = None, expected_identity: str | None = None) -> None:
+        self.quic, self.address, self.config, self.uri = quic, address, config, uri
+        self.is_client: bool = quic.configuration.is_client
+        self.stats = ConnectionStats()
+        self._loop = asyncio.get_running_loop()
+        self._endpoint, self._factory, self._on_event = endpoint, session_factory, on_event
+        self._expected_identity = expected_identity
+        self._init_events()
+        # The draft the handshake's ALPN chose (set at HandshakeCompleted): the session speaks it and it
+        # numbers this connection's closes; draft-14 numbers a close before the handshake has completed.
+        self.profile: Profile = DRAFT_14
+        self._timed: TimedSession[E] | None = None
+        self._pending: list[qe.QuicEvent] = []
+        self._drainers: dict[int, asyncio.Future[None]] = {}
+        self._transmit_handle: asyncio.Handle | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._auth_timer: asyncio.TimerHandle | None = None
+        self._liveness: Liveness | None = None  # from the end of the handshake (moqt/quic/liveness.py)
+        self._pings = 0
+        super().__init__(config.token_keys)
+        quic.on_write = self.transmit_soon
+
+    # -- events, sending -----------------------------------------------------------------------------
     def send_buffered(self, stream_id: int) -> int:
         """Octets written to ``stream_id`` that the peer has not acknowledged yet."""
         return send_buffered(self.quic, stream_id)
@@ -231,27 +309,12 @@ class MoqtConnection(TokenDeadline, Generic[E]):
             self._transmit()
 
     # -- lifecycle -----------------------------------------------------------------------------------
-    async def wait_ready(self) -> None:
-        """Handshake done, peer certificate verified (if any) and session created."""
-        await asyncio.shield(self._ready)
-
     def close(self, error: SessionError | int = SessionError.NO_ERROR, reason: str = "") -> None:
         """Close with a MOQT Session Termination (application CONNECTION_CLOSE); a name is numbered by
         the connection's profile, an integer passes through (e.g. a code relayed from elsewhere)."""
         if not self.closed:
             self.quic.close(error_code=self.profile.session_errors.code(error), reason_phrase=reason[:_MAX_REASON])
             self._transmit()
-
-    async def wait_closed(self) -> None:
-        await self._closed.wait()
-
-    async def __aenter__(self) -> MoqtConnection[E]:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        self.close(SessionError.NO_ERROR if exc is None else SessionError.INTERNAL_ERROR)
-        await self.wait_closed()
 
     # -- driven by the endpoint and timers -----------------------------------------------------------
     def _receive(self, data: bytes, address: NetworkAddress, now: float) -> None:
@@ -333,30 +396,6 @@ class MoqtConnection(TokenDeadline, Generic[E]):
                 self._pending.append(event)
             return
         self._run_session(self._session.handle_event, event)
-
-    def _run_session(self, method: Callable[[Any], Sequence[E]], argument: object) -> None:
-        """Call into the session and deliver its events; a raise is a bug there: close INTERNAL_ERROR."""
-        try:
-            for item in method(argument):
-                if self._on_event is not None:
-                    self._on_event(self, item)
-                else:
-                    self._events.append(item)
-        except Exception as exc:  # the session maps peer errors to closes itself; anything else is a bug
-            self._rejected = True
-            if self.quic.closing and isinstance(exc, (MoqtError, ConnectionError)):
-                # The session had closed for the peer's fault (e.g. a FIN with its CLIENT_SETUP) before a
-                # handler answered an event of the same batch: the peer's doing, one line (kvsp/service/logs.py).
-                log.info("MOQT peer %s: the session closed before its events were answered (%s)", self.address,
-                         exc, extra={"kvsp_peer": "moqt.closed-early"})
-            else:
-                log.exception("MOQT session or event handler failed; closing the connection")
-                self.close(SessionError.INTERNAL_ERROR, "internal error")
-        self._wake_event_waiter()
-
-    def _wake_event_waiter(self) -> None:
-        if self._event_waiter is not None and not self._event_waiter.done():
-            self._event_waiter.set_result(None)
 
     def _handshake_completed(self) -> None:
         """Authenticate the peer, then create the session and replay what arrived before it."""
@@ -465,20 +504,11 @@ class MoqtConnection(TokenDeadline, Generic[E]):
         self._wake_event_waiter()  # next_event() returns what is queued, then raises
         self._endpoint.connection_terminated(self)
 
-    def _fail_ready(self, error: BaseException) -> None:
-        if not self._ready.done():
-            self._ready.set_exception(error)
-            self._ready.exception()  # marked retrieved: a server-side connection has nobody waiting
+    def _transport_closing(self) -> bool:
+        return bool(self.quic.closing)
 
-    def _closed_error(self) -> ConnectionClosedError:
-        ev = self._close_event
-        if ev is None:
-            return ConnectionClosedError(self.profile.session_errors.code(SessionError.NO_ERROR), "closed", True)
-        return ConnectionClosedError(ev.error_code, ev.reason_phrase, ev.frame_type is None)
-
-    def _check_open(self) -> None:
-        if self.closed or self.quic.closing:
-            raise self._closed_error()
+    def _closed_by_application(self, event: qe.ConnectionTerminated) -> bool:
+        return event.frame_type is None
 
     def _wake_drainers(self) -> None:
         if not self._drainers:

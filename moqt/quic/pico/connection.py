@@ -22,23 +22,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
-from types import TracebackType
-from typing import Any, Final, Generic, Protocol, TypeAlias, cast
+from collections.abc import Callable
+from typing import Any, Final, Protocol, TypeAlias, cast
 
 from aioquic.quic import events as qe
 from aioquic.quic.connection import NetworkAddress, QuicConnection
 
-from moqt.errors import MoqtError
 from moqt.kinds import SessionError
 from moqt.profiles import DRAFT_14, Profile
 from moqt.profiles.negotiation import profile_for_alpn
 from moqt.quic.config import EndpointConfig, MoqtUri
-from moqt.quic.connection import ConnectionClosedError, E, SessionLike, TimedSession
+from moqt.quic.connection import E, SessionEvents, SessionLike, TimedSession
 from moqt.quic.pico.shim import PicoQuic, to_aioquic
 from moqt.quic.refusal import address_text
-from moqt.quic.token_deadline import TokenDeadline
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +50,7 @@ class Owner(Protocol):
     def connection_terminated(self, conn: PicoConnection[Any]) -> None: ...
 
 
-class PicoConnection(TokenDeadline, Generic[E]):
+class PicoConnection(SessionEvents[E]):
     """One aiopquic ``QuicConnection``, its session and its peer (see the module docstring).
 
     ``quic`` is what a session is built on (``MoqtSession(conn.quic, ...)``, as with ``MoqtConnection``):
@@ -72,17 +68,12 @@ class PicoConnection(TokenDeadline, Generic[E]):
         self.is_client = uri is not None
         self._loop = asyncio.get_running_loop()
         self._factory, self._on_event, self._owner = session_factory, on_event, owner
-        self._session: SessionLike[E] | None = None
         self._timed: TimedSession[E] | None = None
         self.profile: Profile = DRAFT_14  # numbers a close before the handshake chose the draft
-        self._events: deque[E] = deque()
-        self._event_waiter: asyncio.Future[None] | None = None
         self._drainers: dict[int, asyncio.Event] = {}
         self.drain_waits = 0  # times drain() had to wait for picoquic (tests: backpressure happened)
-        self._ready: asyncio.Future[None] = self._loop.create_future()
-        self._closed = asyncio.Event()
-        self._close_event: qe.ConnectionTerminated | None = None
-        self._handshaken = self._rejected = False
+        self._init_events()
+        self._handshaken = False
         self._local_code, self._local_reason = 0, ""
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -95,40 +86,7 @@ class PicoConnection(TokenDeadline, Generic[E]):
         peer = self.pico.peer_address()
         return cast(NetworkAddress, peer if peer is not None else ("?", 0))
 
-    @property
-    def session(self) -> SessionLike[E] | None:
-        return self._session
-
-    @property
-    def closed(self) -> bool:
-        return self._closed.is_set()
-
-    @property
-    def close_event(self) -> qe.ConnectionTerminated | None:
-        return self._close_event if self.closed else None
-
     # -- events, sending -----------------------------------------------------------------------------
-    async def next_event(self) -> E:
-        """The next session event (when no ``on_event`` was given); raises once closed and drained."""
-        while not self._events:
-            if self.closed:
-                raise self._closed_error()
-            if self._event_waiter is not None:
-                raise RuntimeError("next_event() already has a consumer")
-            self._event_waiter = self._loop.create_future()
-            try:
-                await self._event_waiter
-            finally:
-                self._event_waiter = None
-        return self._events.popleft()
-
-    async def events(self) -> AsyncIterator[E]:
-        while True:
-            try:
-                yield await self.next_event()
-            except ConnectionClosedError:
-                return
-
     def send_buffered(self, stream_id: int) -> int:
         """Octets of ``stream_id`` written but not yet taken into packets by picoquic."""
         return self.shim.queued(stream_id) + int(self.pico.tx_data_ring_used(stream_id))
@@ -161,10 +119,6 @@ class PicoConnection(TokenDeadline, Generic[E]):
         self._arm_timer()
 
     # -- lifecycle -----------------------------------------------------------------------------------
-    async def wait_ready(self) -> None:
-        """Handshake done and session created."""
-        await asyncio.shield(self._ready)
-
     def close(self, error: SessionError | int = SessionError.NO_ERROR, reason: str = "") -> None:
         """Close with a MOQT Session Termination code (only the code reaches the peer)."""
         if not self.closed:
@@ -179,17 +133,6 @@ class PicoConnection(TokenDeadline, Generic[E]):
             log.info("MOQT peer %s: closing with 0x%x (%s)", address_text(self.address), code, reason or "-",
                      extra={"kvsp_peer": "moqt.pico-close"})
         self._close_timer = self._loop.call_later(_CLOSE_GRACE_S, self._close_unconfirmed, code, reason)
-
-    async def wait_closed(self) -> None:
-        await self._closed.wait()
-
-    async def __aenter__(self) -> PicoConnection[E]:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        self.close(SessionError.NO_ERROR if exc is None else SessionError.INTERNAL_ERROR)
-        await self.wait_closed()
 
     # -- driven by aiopquic ----------------------------------------------------------------------------
     def _process_events(self) -> None:
@@ -213,25 +156,6 @@ class PicoConnection(TokenDeadline, Generic[E]):
     def _dispatch(self, event: qe.QuicEvent) -> None:
         if not self._rejected and self._session is not None:
             self._run_session(self._session.handle_event, event)
-
-    def _run_session(self, method: Callable[[Any], Sequence[E]], argument: object) -> None:
-        """Call into the session and deliver its events; a raise is a bug there: close INTERNAL_ERROR."""
-        try:
-            for item in method(argument):
-                if self._on_event is not None:
-                    self._on_event(self, item)
-                else:
-                    self._events.append(item)
-        except Exception as exc:
-            self._rejected = True
-            if self.pico.closed and isinstance(exc, (MoqtError, ConnectionError)):
-                log.info("MOQT peer %s: the session closed before its events were answered (%s)",
-                         address_text(self.address), exc, extra={"kvsp_peer": "moqt.closed-early"})
-            else:
-                log.exception("MOQT session or event handler failed; closing the connection")
-                self.close(SessionError.INTERNAL_ERROR, "internal error")
-        if self._event_waiter is not None and not self._event_waiter.done():
-            self._event_waiter.set_result(None)
 
     def _handshake_completed(self) -> None:
         """Choose the draft, start the token deadline (server), create the session."""
@@ -305,22 +229,12 @@ class PicoConnection(TokenDeadline, Generic[E]):
         self._fail_ready(self._closed_error())
         for drained in self._drainers.values():
             drained.set()  # drain() wakes and raises
-        if self._event_waiter is not None and not self._event_waiter.done():
-            self._event_waiter.set_result(None)
+        self._wake_event_waiter()
         self._owner.connection_terminated(self)
 
-    def _fail_ready(self, error: BaseException) -> None:
-        if not self._ready.done():
-            self._ready.set_exception(error)
-            self._ready.exception()  # retrieved: a server-side connection has nobody waiting
+    def _transport_closing(self) -> bool:
+        return bool(self.pico.closed)
 
-    def _closed_error(self) -> ConnectionClosedError:
-        ev = self._close_event
-        if ev is None:
-            return ConnectionClosedError(self.profile.session_errors.code(SessionError.NO_ERROR), "closed", True)
+    def _closed_by_application(self, event: qe.ConnectionTerminated) -> bool:
         # Before the handshake completed it was picoquic's doing (TLS, ALPN, timeout), not a session's.
-        return ConnectionClosedError(ev.error_code, ev.reason_phrase, self._handshaken)
-
-    def _check_open(self) -> None:
-        if self.closed or self.pico.closed:
-            raise self._closed_error()
+        return self._handshaken
