@@ -24,7 +24,7 @@ from cryptography.x509.oid import NameOID
 from moqt.events import ControlMessageReceived, MoqtEvent, SessionTerminated
 from moqt.messages import ClientSetup, ControlMessage, ControlStreamParser, ServerSetup
 from moqt.params import SetupParameters
-from moqt.profiles import DRAFT_14
+from moqt.profiles import DRAFT_14, Profile
 from moqt.session import MoqtSession
 
 CLIENT_ADDR: Final = ("10.0.0.1", 4433)
@@ -210,15 +210,18 @@ def recording_session(*, is_client: bool, **options: Any) -> tuple[MoqtSession, 
     return MoqtSession(cast(QuicConnection, quic), **options), quic
 
 
-def client_setup_bytes(parameters: SetupParameters | None = None, versions: tuple[int, ...] = (DRAFT_14.version,)
-                       ) -> bytes:
-    """A CLIENT_SETUP granting the server 100 requests, for feeding a server session by hand."""
-    return ClientSetup(versions, parameters or SetupParameters(max_request_id=199)).encode()
+def client_setup_bytes(parameters: SetupParameters | None = None, versions: tuple[int, ...] | None = None,
+                       profile: Profile = DRAFT_14) -> bytes:
+    """A CLIENT_SETUP granting the server 100 requests, for feeding a server session by hand (``versions``
+    default: the profile's, where its setup carries versions)."""
+    if versions is None:
+        versions = (profile.version,) if profile.layout.setup_versions else ()
+    return ClientSetup(versions, parameters or SetupParameters(max_request_id=199)).encode(profile)
 
 
-def server_setup_bytes(parameters: SetupParameters | None = None) -> bytes:
+def server_setup_bytes(parameters: SetupParameters | None = None, profile: Profile = DRAFT_14) -> bytes:
     """A SERVER_SETUP granting the client 100 requests, for feeding a client session by hand."""
-    return ServerSetup(DRAFT_14.version, parameters or SetupParameters(max_request_id=200)).encode()
+    return ServerSetup(profile.version, parameters or SetupParameters(max_request_id=200)).encode(profile)
 
 
 def feed_control(session: MoqtSession, octets: bytes) -> list[MoqtEvent]:
@@ -227,9 +230,13 @@ def feed_control(session: MoqtSession, octets: bytes) -> list[MoqtEvent]:
 
 
 def established_session(*, is_client: bool, **options: Any) -> tuple[MoqtSession, RecordingQuic]:
-    """A session over a ``RecordingQuic`` whose setup is done (the peer granted 100 requests)."""
+    """A session over a ``RecordingQuic`` whose setup is done (the peer granted 100 requests); at the
+    ``profile`` option's draft, one whose control stream is bidirectional (draft-14, draft-16)."""
     session, quic = recording_session(is_client=is_client, **options)
-    feed_control(session, server_setup_bytes() if is_client else client_setup_bytes())
+    profile = session.profile
+    if profile.data_framing.control_stream_type is not None:
+        raise ValueError(f"draft-{profile.draft} sets up on unidirectional streams (test_moqt_draft18_session.py)")
+    feed_control(session, server_setup_bytes(profile=profile) if is_client else client_setup_bytes(profile=profile))
     if not session.is_established:
         raise RuntimeError("setup failed")
     return session, quic
