@@ -82,14 +82,20 @@ class Peer:
 class MoqtPair:
     """A client and a server connected back to back; ``pump`` runs them until nothing moves.
 
-    ``client_options``/``server_options`` are passed to ``MoqtSession``; ``now`` is the fake clock,
-    advanced only to fire QUIC timers (ACK delay, loss detection, draining).
+    ``client_options``/``server_options`` are passed to ``MoqtSession``; ``profile`` puts both peers at
+    that draft (its ALPN on both QUIC configurations, the profile in both sessions' options); ``now`` is
+    the fake clock, advanced only to fire QUIC timers (ACK delay, loss detection, draining).
     """
 
     def __init__(self, *, client_options: dict[str, Any] | None = None,
                  server_options: dict[str, Any] | None = None, host: str = "localhost",
-                 quic_setup: Callable[[QuicConfiguration, QuicConfiguration], None] | None = None) -> None:
+                 quic_setup: Callable[[QuicConfiguration, QuicConfiguration], None] | None = None,
+                 profile: Profile | None = None) -> None:
         client_cfg, server_cfg = quic_configurations(host)
+        if profile is not None:
+            client_cfg.alpn_protocols = server_cfg.alpn_protocols = [profile.alpn]
+            client_options = {"profile": profile, **(client_options or {})}
+            server_options = {"profile": profile, **(server_options or {})}
         if quic_setup is not None:
             quic_setup(client_cfg, server_cfg)
         self.now = 0.0

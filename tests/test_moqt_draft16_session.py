@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import StreamDataReceived, StreamReset
 
 from moqt import DRAFT_14, LocalError, Location, MoqtSession, RequestError, SessionError
@@ -46,7 +45,8 @@ from moqt.messages import (
 from moqt.params import RequestParameters, SetupParameters, SubscriptionFilter
 from moqt.profiles import DRAFT_16
 from moqt.session.request_state import UpdateState
-from moqt.testing import MoqtPair, RecordingQuic, feed_control, only, received_messages, recording_session, terminated
+from moqt.testing import MoqtPair, RecordingQuic, feed_control, only, recording_session, terminated
+from moqt.testing import received_messages as messages
 
 D16 = DRAFT_16
 V16 = 0xFF000010
@@ -54,19 +54,10 @@ NS = (b"kvsp", b"5ed5c2f2")
 PV = SessionError.PROTOCOL_VIOLATION
 
 
-def _alpn(client: QuicConfiguration, server: QuicConfiguration) -> None:
-    client.alpn_protocols = server.alpn_protocols = [D16.alpn]
-
-
 def d16_pair(**server: Any) -> MoqtPair:
-    pair = MoqtPair(client_options={"profile": D16, "path": "/kvsp"},
-                    server_options={"profile": D16, "path": "/kvsp", **server}, quic_setup=_alpn)
+    pair = MoqtPair(client_options={"path": "/kvsp"}, server_options={"path": "/kvsp", **server}, profile=D16)
     assert pair.client.moqt.is_established and pair.server.moqt.is_established
     return pair
-
-
-def messages(events: list[MoqtEvent]) -> list[ControlMessage]:
-    return received_messages(events)
 
 
 # -- two peers -----------------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ import contextlib
 from typing import Any
 
 import pytest
-from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import DatagramFrameReceived, StopSendingReceived, StreamDataReceived, StreamReset
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -62,7 +61,8 @@ from moqt.messages import (
 )
 from moqt.params import RequestParameters, SetupParameters
 from moqt.profiles import DRAFT_18
-from moqt.testing import MoqtPair, RecordingQuic, only, received_messages, recording_session, terminated
+from moqt.testing import MoqtPair, RecordingQuic, only, recording_session, terminated
+from moqt.testing import received_messages as messages
 from moqt.wire import KeyValuePair
 
 D18 = DRAFT_18
@@ -70,20 +70,11 @@ NS = (b"kvsp", b"5ed5c2f2")
 PV = SessionError.PROTOCOL_VIOLATION
 
 
-def _alpn(client: QuicConfiguration, server: QuicConfiguration) -> None:
-    client.alpn_protocols = server.alpn_protocols = [D18.alpn]
-
-
 def d18_pair(**server: Any) -> MoqtPair:
-    pair = MoqtPair(client_options={"profile": D18, "path": "/kvsp"},
-                    server_options={"profile": D18, "path": "/kvsp", **server}, quic_setup=_alpn)
+    pair = MoqtPair(client_options={"path": "/kvsp"}, server_options={"path": "/kvsp", **server}, profile=D18)
     assert pair.client.moqt.is_established and pair.server.moqt.is_established
     pair.client.take(), pair.server.take()
     return pair
-
-
-def messages(events: list[MoqtEvent]) -> list[ControlMessage]:
-    return received_messages(events)
 
 
 def open_streams(session: MoqtSession) -> int:
@@ -94,8 +85,7 @@ def open_streams(session: MoqtSession) -> int:
 # -- two peers -----------------------------------------------------------------------------------------
 
 def test_setup_travels_on_a_unidirectional_control_stream_each_way() -> None:
-    pair = MoqtPair(client_options={"profile": D18, "path": "/kvsp"},
-                    server_options={"profile": D18, "path": "/kvsp"}, quic_setup=_alpn)
+    pair = MoqtPair(client_options={"path": "/kvsp"}, server_options={"path": "/kvsp"}, profile=D18)
     [client_up] = only(pair.client.take(), SessionEstablished)
     [server_up] = only(pair.server.take(), SessionEstablished)
     assert client_up.version == server_up.version == D18.version == pair.client.moqt.version

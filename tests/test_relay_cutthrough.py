@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from aioquic.quic.configuration import QuicConfiguration
 
 from moqt.api import MoqtObject
 from moqt.data import (
@@ -45,12 +44,7 @@ NS = (b"relay", b"cut", b"through")
 @pytest.fixture(params=PROFILE_PARAMS)
 def pair(request: pytest.FixtureRequest) -> MoqtPair:
     profile: Profile = request.param
-
-    def alpn(client: QuicConfiguration, server: QuicConfiguration) -> None:
-        client.alpn_protocols = server.alpn_protocols = [profile.alpn]
-
-    p = MoqtPair(client_options={"path": "/r", "profile": profile},
-                 server_options={"path": "/r", "profile": profile}, quic_setup=alpn)
+    p = MoqtPair(client_options={"path": "/r"}, server_options={"path": "/r"}, profile=profile)
     assert any(isinstance(e, SessionEstablished) for e in p.client.take())
     assert any(isinstance(e, SessionEstablished) for e in p.server.take())
     return p

@@ -16,7 +16,6 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from aioquic.quic.configuration import QuicConfiguration
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from moqt.api.endpoint import Endpoint
@@ -82,15 +81,11 @@ class MemoryNet:
                  token_keys: Sequence[ec.EllipticCurvePublicKey] = (), profile: Profile = DRAFT_14,
                  client_options: dict[str, Any] | None = None, server_options: dict[str, Any] | None = None) -> None:
         tokens = (AuthToken.use_value(0, token),) if token is not None else ()
-        client = {"deliver_partial_objects": True, "path": "/moqt", "profile": profile,
+        client = {"deliver_partial_objects": True, "path": "/moqt",
                   "setup_parameters": SetupParameters(authorization_tokens=tokens), **(client_options or {})}
-        server = {"auto_accept": False, "path": "/moqt", "profile": profile, **(server_options or {})}
+        server = {"auto_accept": False, "path": "/moqt", **(server_options or {})}
         self.profile = profile
-
-        def alpn(client_cfg: QuicConfiguration, server_cfg: QuicConfiguration) -> None:
-            client_cfg.alpn_protocols = server_cfg.alpn_protocols = [profile.alpn]
-
-        self.pair = MoqtPair(client_options=client, server_options=server, quic_setup=alpn)
+        self.pair = MoqtPair(client_options=client, server_options=server, profile=profile)
         self.client = MemoryLink(self, self.pair.client, peer_identity=server_identity)
         self.server = MemoryLink(self, self.pair.server, peer_identity=client_identity, token_keys=token_keys)
         self._scheduled = False

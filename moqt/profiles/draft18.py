@@ -28,9 +28,9 @@ from moqt.kinds import (
     StreamReset,
     SubgroupIdMode,
 )
-from moqt.profiles.base import CodeMap, DataFraming, DatagramForm, Layout, N, Profile, SessionShape, SubgroupForm
+from moqt.profiles.base import CodeMap, DataFraming, Layout, N, Profile, SessionShape, SubgroupForm
 from moqt.profiles.draft14 import AliasType, FetchType, FilterType, SessionErrorCode
-from moqt.profiles.draft16 import DATAGRAM_TYPES, GroupOrder, ObjectStatus  # unchanged in draft-18
+from moqt.profiles.draft16 import DRAFT_16_DATA_FRAMING, GroupOrder, ObjectStatus  # unchanged in draft-18
 
 
 class MessageType(IntEnum):
@@ -174,10 +174,6 @@ def _subgroup_form(code: int) -> SubgroupForm:
                         bool(code & 0x20), bool(code & 0x40))
 
 
-def _datagram_form(code: int) -> DatagramForm:
-    return DatagramForm(bool(code & 0x01), bool(code & 0x02), not code & 0x04, bool(code & 0x20), bool(code & 0x08))
-
-
 _RE = RequestErrorCode
 #: One REQUEST_ERROR table for every neutral *_ERROR kind, as draft-16's (DOES_NOT_EXIST serves
 #: both TRACK_DOES_NOT_EXIST and NAMESPACE_PREFIX_UNKNOWN; the former is the name 0x10 reads back as).
@@ -233,7 +229,7 @@ DRAFT_18_STREAM_OPENING: Final[frozenset[MessageKind]] = DRAFT_18_REQUEST_MESSAG
 DRAFT_18_DATA_FRAMING: Final = DataFraming(
     fetch_header=FETCH_HEADER,
     subgroup_types={t: _subgroup_form(t) for t in SUBGROUP_TYPES},
-    datagram_types={t: _datagram_form(t) for t in DATAGRAM_TYPES},
+    datagram_types=DRAFT_16_DATA_FRAMING.datagram_types,  # draft-16's OBJECT_DATAGRAM types, unchanged
     fetch_serialization_flags=True,
     status_objects_extensions=False,
     fetch_id_deltas=True,
