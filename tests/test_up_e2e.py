@@ -72,7 +72,7 @@ def test_kvsp_up_runs_reports_serves_and_shuts_down_without_orphans(tmp_path: Pa
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "control.cli", "up", "--run-dir", str(run_dir), "--chats", "4", "--turns", "2",
-         "--max-tokens", "16", "--concurrency", "2", "--kill-after", "0.25", "--keep-running", "--quiet"],
+         "--max-tokens", "32", "--concurrency", "2", "--kill-after", "0.25", "--keep-running", "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(), cwd=tmp_path)
     try:
         output = read_until(proc, "The system is up", START_TIMEOUT_S)

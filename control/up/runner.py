@@ -204,7 +204,10 @@ class Runner:
         assert self.killer is not None and spec.kill_after is not None
         while self.kill is None:
             if len(self.results) >= spec.kill_after * spec.requests:
-                victim = next((r for r in self.in_flight.values() if len(r.tokens) >= 2 and r.instances), None)
+                # Half its tokens still to come: one that has seen its last few may already be finished at the
+                # instance (the front end buffers ahead of this reader), and a kill then moves nothing.
+                victim = next((r for r in self.in_flight.values()
+                               if 2 <= len(r.tokens) <= spec.max_tokens // 2 and r.instances), None)
                 if victim is not None:
                     uri = victim.instances[-1]
                     name = self.killer(uri)
