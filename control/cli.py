@@ -21,7 +21,7 @@ from kvsp.encoding import canonical_json, format_digest
 from kvsp.errors import KvspError, ValidationError
 from kvsp.hf.cli import add_model_parser
 from kvsp.keys import ScopeKey, block_keys
-from kvsp.pki import RoleSpec, make_dev_pki
+from kvsp.pki import MOQT_TOKEN_SUFFIX, RoleSpec, make_dev_moqt_tokens, make_dev_pki
 from kvsp.service.logs import FORMAT_ENV, LOG_FORMATS, log_format
 from kvsp.service.logs import configure as configure_logs
 
@@ -113,6 +113,9 @@ def cmd_certs(args: argparse.Namespace) -> None:
     roles = [RoleSpec.parse(text) for text in args.role]
     for issued in make_dev_pki(Path(args.dir), roles):
         print(f"{issued.name}\t{issued.uri}\t{issued.cert_path}\t{issued.key_path}")
+    if args.moqt_tokens:
+        for path in make_dev_moqt_tokens(Path(args.dir), roles):
+            print(f"{path.name.removesuffix(MOQT_TOKEN_SUFFIX)}\tmoqt-token\t{path}")
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -209,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("certs", help="make a development CA and role certificates")
     p.add_argument("dir")
     p.add_argument("--role", action="append", default=[], metavar="NAME=URI")
+    p.add_argument("--moqt-tokens", action="store_true",
+                   help="also a D3 token per role (NAME.moqt-token, signed by moqt-issuer.key): MOQT over picoquic")
     p.set_defaults(func=cmd_certs)
 
     p = sub.add_parser("bench", help="run the benchmarks of a source checkout (python -m benchmarks)")

@@ -22,7 +22,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from kvsp.errors import ValidationError
-from kvsp.identifiers import check_base_uri
+from kvsp.identifiers import NAMESPACE_PREFIX, check_base_uri
+from moqt.auth import issue_token
 
 CA_CERT: Final = "ca.pem"
 CA_KEY: Final = "ca.key"
@@ -159,3 +160,44 @@ def uri_identities(cert: x509.Certificate) -> list[str]:
     except x509.ExtensionNotFound:
         return []
     return list(san.get_values_for_type(x509.UniformResourceIdentifier))
+
+
+MOQT_ISSUER_KEY: Final = "moqt-issuer.key"
+MOQT_ISSUER_PUB: Final = "moqt-issuer.pub.pem"
+MOQT_TOKEN_SUFFIX: Final = ".moqt-token"
+
+
+def _load_or_make_issuer(directory: Path) -> ec.EllipticCurvePrivateKey:
+    path = directory / MOQT_ISSUER_KEY
+    if path.exists():
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValidationError(str(path), "the MOQT token issuer key must be EC P-256")
+        return key
+    key = ec.generate_private_key(ec.SECP256R1())
+    _write_key(path, key)
+    (directory / MOQT_ISSUER_PUB).write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return key
+
+
+def make_dev_moqt_tokens(directory: Path, roles: list[RoleSpec], now: dt.datetime | None = None,
+                         days: int = 30) -> list[Path]:
+    """Issue ``NAME.moqt-token`` per role: a D3 AUTHORIZATION_TOKEN for the role's identity covering every
+    KVSP namespace (what the role may do is still its identity's policy), signed by ``moqt-issuer.key``
+    (made, with ``moqt-issuer.pub.pem`` for the listeners' token keys, if absent). A role presents it
+    where it has no certificate to present: MOQT over picoquic (docs/moqt.md "QUIC back-ends")."""
+    now = now or _now()
+    directory.mkdir(parents=True, exist_ok=True)
+    issuer = _load_or_make_issuer(directory)
+    stamp = int(now.timestamp())
+    written = []
+    for role in roles:
+        token = issue_token(issuer, role.uri, namespaces=[(NAMESPACE_PREFIX,)], expires_at=stamp + days * 86400,
+                            now=stamp)
+        path = directory / f"{role.name}{MOQT_TOKEN_SUFFIX}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a bearer secret, like a key
+        with os.fdopen(fd, "wb") as f:
+            f.write(token)
+        written.append(path)
+    return written

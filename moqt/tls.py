@@ -161,7 +161,10 @@ class LocalCredentials:
         return ids[0] if ids else None
 
 
-AuthMethod: TypeAlias = Literal["certificate", "token"]
+AuthMethod: TypeAlias = Literal["certificate", "token", "server-name"]
+"""``server-name``: a server we dialled whose certificate was checked by the QUIC stack for its chain and
+the host name only (picoquic clients, docs/moqt-picoquic.md); ``peer_identity`` is then the ``moqt://``
+URI dialled, never a certificate identity, so a policy naming identities grants it nothing."""
 
 
 class PeerAuthentication:

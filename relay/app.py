@@ -9,6 +9,7 @@ On shutdown the relay drains: GOAWAY to every peer, ``drain_s`` for them to leav
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 
@@ -24,7 +25,7 @@ from kvsp.service.metrics import MoqtSessionsCollector, metrics_of
 from kvsp.service.tokens import load_token_key
 from moqt.api import TokenRule, UpstreamLink
 from moqt.auth import TokenClaims
-from moqt.quic import EndpointConfig
+from moqt.quic import EndpointConfig, MoqtUri
 from moqt.wire import Namespace
 from relay.auth import relay_authorizer
 from relay.core import RelayStats, is_prefix
@@ -82,10 +83,15 @@ class RelayRole:
         keys = tuple(load_token_key(path) for path in settings.token_keys)
         self.endpoint_config = EndpointConfig.from_files(tls.cert, tls.key, tls.ca, settings.quic, token_keys=keys)
         opened = settings.open_prefixes
-        self.relay = Relay(settings, authorize=relay_authorizer(config.policy, peers=settings.peers,
+        # Over picoquic an upstream relay we dialled is known by the URI dialled (its certificate's chain and
+        # host name checked, not its identity: AuthMethod "server-name"); it may send us requests as a peer.
+        dialled = tuple(str(dataclasses.replace(MoqtUri.parse(u), fragment="")) for u in settings.upstream
+                        if config.moqt.picoquic)
+        self.relay = Relay(settings, authorize=relay_authorizer(config.policy, peers=(*settings.peers, *dialled),
                                                                 open_prefixes=opened),
                            token_rule=_token_rule(opened))
-        self.links = [UpstreamLink(self.relay, uri, self.endpoint_config) for uri in settings.upstream]
+        token = config.moqt.token_source("the relay's upstream link") if settings.upstream else None
+        self.links = [UpstreamLink(self.relay, uri, self.endpoint_config, token=token) for uri in settings.upstream]
 
     def refused_connections(self) -> int:
         server = self.relay.server
@@ -93,8 +99,8 @@ class RelayRole:
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         port = await self.relay.listen(self.settings.host, self.settings.port, self.endpoint_config)
-        log.info("relaying MOQT on %s:%d as %s (drafts %s)", self.settings.host, port, self.settings.uri,
-                 ", ".join(str(p.draft) for p in self.endpoint_config.settings.profiles))
+        log.info("relaying MOQT on %s:%d as %s (drafts %s, %s)", self.settings.host, port, self.settings.uri,
+                 ", ".join(str(p.draft) for p in self.endpoint_config.settings.profiles), self.settings.backend)
         for link in self.links:
             link.start()
         try:

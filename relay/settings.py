@@ -76,14 +76,15 @@ class RelaySettings:
     max_connections_per_client: int = 256
     max_datagram_size: int = RELAY_QUIC.max_datagram_size  # to non-loopback peers (loopback: 64 KiB)
     drafts: tuple[int, ...] | None = None  # MOQT drafts accepted downstream and offered upstream (None: all)
+    backend: str = "aioquic"  # [moqt] quic: the QUIC stack of both legs
 
     @property
     def quic(self) -> QuicSettings:
-        """`RELAY_QUIC` with this relay's timeouts, connection cap and datagram size."""
+        """`RELAY_QUIC` with this relay's timeouts, connection cap, datagram size and back-end."""
         return dataclasses.replace(RELAY_QUIC, idle_timeout_s=self.idle_timeout_s,
                                    liveness_timeout_s=self.liveness_timeout_s,
                                    max_connections_per_client=self.max_connections_per_client,
-                                   max_datagram_size=self.max_datagram_size, drafts=self.drafts)
+                                   max_datagram_size=self.max_datagram_size, drafts=self.drafts, quic=self.backend)
 
     @property
     def path(self) -> str:
@@ -116,7 +117,21 @@ class RelaySettings:
             max_connections_per_client=_int(r, "max_connections_per_client", 256, minimum=1),
             max_datagram_size=_datagram_size(r),
             drafts=read_drafts(r, "drafts", "relay"),
+            backend=_backend(r, config),
         )
+
+
+def _backend(r: ObjectReader, config: RoleConfig) -> str:
+    """``[moqt] quic``; picoquic needs token keys (its listener sees no client certificate) and, with
+    upstream relays, the token this relay presents to them."""
+    moqt = config.moqt
+    if moqt.picoquic and not r.has("token_keys"):
+        raise ValidationError("relay.token_keys", "needed with [moqt] quic = \"picoquic\": a picoquic listener "
+                                                  "sees no client certificates, peers authenticate by token")
+    if moqt.picoquic and r.has("upstream") and moqt.token_file is None:
+        raise ValidationError("moqt.token", "needed with relay.upstream over picoquic: the relay connects "
+                                            "upstream with no client certificate")
+    return moqt.quic
 
 
 def _listen(value: str) -> tuple[str, int]:

@@ -239,7 +239,16 @@ class FrontendSection:
     max_connections_per_client: int | None = None  # the public listener's
 
 
-Section = IndexSection | HolderSection | PcSection | InstanceSection | RelaySection | FrontendSection
+@dataclass(frozen=True, slots=True)
+class MoqtSection:
+    """``[moqt]`` (kvsp/service/moqt_config.py): the QUIC back-end of the process and its token file."""
+
+    ROLE: ClassVar[str] = "moqt"
+    quic: str | None = None
+    token: str | None = None
+
+
+Section = IndexSection | HolderSection | PcSection | InstanceSection | RelaySection | FrontendSection | MoqtSection
 SECTIONS: tuple[type[Section], ...] = (IndexSection, HolderSection, PcSection, InstanceSection, RelaySection,
                                        FrontendSection)
 

@@ -173,17 +173,18 @@ class HolderMoqt:
         keys = tuple(load_token_key(path) for path in self.settings.token_keys)
         quic = QuicSettings(max_datagram_size=self.settings.max_datagram_size,
                             max_connections_per_client=self.settings.max_connections_per_client,
-                            drafts=self.settings.drafts)
+                            drafts=self.settings.drafts, quic=self.config.moqt.quic)
         return EndpointConfig.from_files(tls.cert, tls.key, tls.ca, quic, token_keys=keys)
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         config = self.endpoint_config()
         port = await self.publisher.listen(self.settings.host, self.settings.port, config)
-        log.info("serving blocks over MOQT on %s:%d as %s (drafts %s)", self.settings.host, port, self.uri,
-                 ", ".join(str(p.draft) for p in config.settings.profiles))
+        log.info("serving blocks over MOQT on %s:%d as %s (drafts %s, %s)", self.settings.host, port, self.uri,
+                 ", ".join(str(p.draft) for p in config.settings.profiles), config.settings.quic)
         metrics_of(app).registry.register(MoqtSessionsCollector("kvsp_holder", lambda: self.publisher.server))
         if self.settings.relay is not None:
-            self.relay_link = UpstreamLink(self.publisher, self.settings.relay, config)
+            self.relay_link = UpstreamLink(self.publisher, self.settings.relay, config,
+                                           token=self.config.moqt.token_source("the holder's relay link"))
             for compat_id in self.holder.settings.descriptors:
                 for scope_id in self.config.policy.scopes:
                     if self.config.policy.may_store(self.config.server.base_uri, scope_id):

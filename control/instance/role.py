@@ -142,8 +142,10 @@ class InstanceRole:
         if tls is None:
             raise ValidationError("instance.moqt_fetch", "needs [tls]: MOQT peers authenticate mutually (D3)")
         options = MoqtClientOptions(object_timeout_s=self.settings.limits.moqt_object_timeout_ms / 1000)
-        settings = dataclasses.replace(BLOCK_CLIENT_QUIC, drafts=self.settings.moqt_drafts)
-        return MoqtBlockClient.from_files(tls.cert, tls.key, tls.ca, options=options, settings=settings)
+        moqt = self.config.moqt
+        settings = dataclasses.replace(BLOCK_CLIENT_QUIC, drafts=self.settings.moqt_drafts, quic=moqt.quic)
+        return MoqtBlockClient.from_files(tls.cert, tls.key, tls.ca, options=options, settings=settings,
+                                          token=moqt.token_source("instance.moqt_fetch"))
 
     def _live_source(self, app: web.Application) -> LiveSource | None:
         """``publish_live``: computed blocks go out on this process's holder's MOQT listener."""

@@ -45,6 +45,7 @@ from moqt.api import (
     RequestRefused,
     SetupRefused,
     Subscriber,
+    TokenSource,
     TransferError,
 )
 from moqt.errors import MoqtError
@@ -173,10 +174,11 @@ class LiveBlockStream:
 class MoqtBlockClient:
     """Fetches blocks from ``moqt://`` holders and relays (see the module docstring).
 
-    ``config`` holds the client certificate (or none, with ``token``) and the deployment CA.
+    ``config`` holds the client certificate (or none, with ``token``) and the deployment CA; ``token`` is
+    octets or a callable read at each connect (``[moqt] token``, required over picoquic).
     """
 
-    def __init__(self, config: EndpointConfig, *, token: bytes | None = None,
+    def __init__(self, config: EndpointConfig, *, token: TokenSource = None,
                  options: MoqtClientOptions | None = None) -> None:
         self.config = config
         self.token = token
@@ -185,7 +187,7 @@ class MoqtBlockClient:
         self._locks: dict[str, asyncio.Lock] = {}
 
     @classmethod
-    def from_files(cls, cert: Path | None, key: Path | None, ca: Path, *, token: bytes | None = None,
+    def from_files(cls, cert: Path | None, key: Path | None, ca: Path, *, token: TokenSource = None,
                    options: MoqtClientOptions | None = None,
                    settings: QuicSettings = BLOCK_CLIENT_QUIC) -> MoqtBlockClient:
         """A client with the role's PEM certificate and key (as ``kvsp certs`` writes them; None with a
@@ -210,7 +212,8 @@ class MoqtBlockClient:
                 await current.close()
             with _mapped(uri):
                 async with asyncio.timeout(self.options.connect_timeout_s):
-                    current = await Subscriber.connect(uri, self.config, token=self.token,
+                    token = self.token() if callable(self.token) else self.token  # a rotated file: read anew
+                    current = await Subscriber.connect(uri, self.config, token=token,
                                                        timeout_s=self.options.object_timeout_s,
                                                        setup_timeout_s=self.options.connect_timeout_s,
                                                        max_inbox_octets=self.options.max_block_size)

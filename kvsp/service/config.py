@@ -13,6 +13,9 @@
     key = "pki/h1.key"
     ca = "pki/ca.pem"
 
+    [moqt]                             # optional: the QUIC back-end and token (kvsp/service/moqt_config.py)
+    quic = "aioquic"
+
     [holder]                           # one table per role, read by that role
     ...
 """
@@ -30,6 +33,7 @@ from kvsp.errors import ValidationError
 from kvsp.identifiers import check_base_uri
 from kvsp.numbers import parse_decimal
 from kvsp.reader import ObjectReader
+from kvsp.service.moqt_config import MoqtConfig, read_moqt
 from kvsp.service.policy import Policy
 from kvsp.service.tls import TlsFiles
 
@@ -83,6 +87,7 @@ class RoleConfig:
     policy: Policy
     base_dir: Path
     sections: Mapping[str, Mapping[str, object]] = field(default_factory=lambda: MappingProxyType({}))
+    moqt: MoqtConfig = field(default_factory=MoqtConfig)
 
     def section(self, role: str) -> Mapping[str, object]:
         return self.sections.get(role, MappingProxyType({}))
@@ -116,7 +121,8 @@ class RoleConfig:
             raise ValidationError("policy", "must be a file path")
         sections = {name: MappingProxyType(dict(value)) for name, value in doc.items()
                     if name in KNOWN_ROLES and isinstance(value, dict)}
-        return cls(tuple(roles), server, tls, policy, base_dir, MappingProxyType(sections))
+        return cls(tuple(roles), server, tls, policy, base_dir, MappingProxyType(sections),
+                   read_moqt(doc.get("moqt"), base_dir))
 
 
 def _server(value: object) -> ServerConfig:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from moqt.quic import MoqtServer
+    from moqt.quic.backend import QuicServer
 
 
 @dataclass(slots=True)
@@ -54,11 +54,11 @@ async def metrics_handler(request: web.Request) -> web.Response:
 
 class MoqtSessionsCollector:
     """``{prefix}_moqt_sessions_total{draft}``: MOQT sessions a role's listener started, by the draft
-    their ALPN agreed (read from ``moqt.quic.MoqtServer.sessions_by_draft`` at scrape time), so an
+    their ALPN agreed (read from ``sessions_by_draft`` of either back-end's server at scrape time), so an
     operator sees which drafts the clients speak before retiring one. Every accepted draft has a
     series from the start (0)."""
 
-    def __init__(self, prefix: str, server: Callable[[], MoqtServer[Any] | None]) -> None:
+    def __init__(self, prefix: str, server: Callable[[], QuicServer | None]) -> None:
         self.prefix, self.server = prefix, server
 
     def collect(self) -> Iterable[Metric]:

@@ -1,10 +1,84 @@
-"""MOQT settings shared by the roles' config sections (holder, instance, relay)."""
+"""MOQT settings shared by the roles: the ``[moqt]`` table of a role configuration, and the drafts key
+of the holder, instance and relay sections.
+
+    [moqt]
+    quic = "picoquic"                  # the QUIC stack of every MOQT endpoint of this process (default
+                                       #   "aioquic"; "picoquic" needs Python >= 3.12 and aiopquic)
+    token = "pki/h1.moqt-token"        # the D3 token this process presents when it connects to a MOQT
+                                       #   peer; required with picoquic where it connects (a picoquic
+                                       #   client has no certificate to present)
+
+On picoquic a listener sees no client certificates, so it needs token keys (``[holder] moqt_token_keys``,
+``[relay] token_keys``) and every peer a token; docs/moqt.md "QUIC back-ends" gives the trade-off.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
 from kvsp.errors import ValidationError
 from kvsp.reader import ObjectReader
+from moqt.auth import MAX_TOKEN_OCTETS
 from moqt.profiles.negotiation import profiles_for
+from moqt.quic.config import check_quic_backend
+
+MOQT_KEYS: Final = frozenset({"quic", "token"})
+
+
+@dataclass(frozen=True, slots=True)
+class MoqtConfig:
+    """``[moqt]``: the QUIC back-end (``quic``) and the token file (``token``) of this process."""
+
+    quic: str = "aioquic"
+    token_file: Path | None = None
+
+    @property
+    def picoquic(self) -> bool:
+        return self.quic == "picoquic"
+
+    def token(self) -> bytes | None:
+        """The token's octets, read now (so a token replaced on disk is used from the next connection)."""
+        if self.token_file is None:
+            return None
+        try:
+            with self.token_file.open("rb") as f:
+                data = f.read(MAX_TOKEN_OCTETS + 1)
+        except OSError as exc:
+            raise ValidationError("moqt.token", f"cannot read {self.token_file}: {exc.strerror}") from exc
+        if not data or len(data) > MAX_TOKEN_OCTETS:
+            raise ValidationError("moqt.token", f"{self.token_file}: a token is 1..{MAX_TOKEN_OCTETS} octets")
+        return data
+
+    def token_source(self, who: str) -> Callable[[], bytes | None] | None:
+        """What a dialling role presents (read at each connect), None without a token; on picoquic one is
+        required, as a picoquic client has no certificate to present."""
+        if self.picoquic and self.token_file is None:
+            raise ValidationError("moqt.token", f"{who} connects over picoquic, which presents no client "
+                                                "certificate: give the token the deployment issued for this role")
+        return None if self.token_file is None else self.token
+
+
+def read_moqt(value: object, base_dir: Path) -> MoqtConfig:
+    """Validate the ``[moqt]`` table (absent: aioquic, no token)."""
+    if value is None:
+        return MoqtConfig()
+    if not isinstance(value, Mapping):
+        raise ValidationError("moqt", "must be a table")
+    for name in value:
+        if name not in MOQT_KEYS:
+            raise ValidationError(f"moqt.{str(name)[:64]}", f"unknown key; known: {sorted(MOQT_KEYS)}")
+    r = ObjectReader(dict(value), "moqt")
+    quic = r.optional("quic", lambda n: r.str(n, max_length=32)) or "aioquic"
+    try:
+        check_quic_backend(quic)
+    except ValueError as exc:
+        raise ValidationError("moqt.quic", str(exc)) from exc
+    token = r.optional("token", lambda n: r.str(n, max_length=4096))
+    path = None if token is None else (Path(token) if Path(token).is_absolute() else base_dir / token)
+    return MoqtConfig(quic, path)
 
 
 def read_drafts(r: ObjectReader, name: str, section: str) -> tuple[int, ...] | None:

@@ -18,7 +18,7 @@ from moqt.api.endpoint import ControlServing, Endpoint, Link
 from moqt.api.live import LiveTrack
 from moqt.api.publisher import Publisher, PublisherSettings
 from moqt.api.subscriber import ObjectStream, Subscriber, TransferStalled, subscriber_session
-from moqt.api.upstream import UpstreamLink, backoff_delay
+from moqt.api.upstream import TokenSource, UpstreamLink, backoff_delay
 from moqt.tracks import (
     Action,
     Allocator,
@@ -73,6 +73,7 @@ __all__ = [
     "Subscriber",
     "SubscriptionEnded",
     "TokenRule",
+    "TokenSource",
     "TrackSource",
     "TransferError",
     "TransferStalled",

@@ -32,7 +32,8 @@ from moqt.events import MoqtEvent, SetupRequested
 from moqt.kinds import FetchType, GroupOrder, RequestError, SessionError, StreamReset
 from moqt.messages import Fetch, StandaloneFetch, Subscribe
 from moqt.params import AuthToken, SetupParameters
-from moqt.quic import EndpointConfig, MoqtConnection, MoqtServer, MoqtUri, connect, serve
+from moqt.quic import EndpointConfig, MoqtUri
+from moqt.quic.backend import QuicLink, QuicServer, dial, listen
 from moqt.session import MoqtSession
 from moqt.tracks import (
     Action,
@@ -84,7 +85,7 @@ class Publisher:
         self._endpoints: dict[int, Endpoint] = {}
         self._relays: list[Endpoint] = []
         self._namespaces: list[Namespace] = []
-        self.server: MoqtServer[MoqtEvent] | None = None
+        self.server: QuicServer | None = None
 
     @property
     def port(self) -> int:
@@ -99,17 +100,18 @@ class Publisher:
 
     # -- sessions ----------------------------------------------------------------------------------
     async def listen(self, host: str, port: int, config: EndpointConfig) -> int:
-        """Accept MOQT over QUIC on ``host:port`` (0: any free port); returns the port."""
-        self.server = await serve(host, port, config, self._session_for, on_event=self._on_event)
+        """Accept MOQT over QUIC (``config.settings.quic``'s stack) on ``host:port`` (0: any free port);
+        returns the port."""
+        self.server = await listen(host, port, config, self._session_for, on_event=self._on_event)
         return self.server.port
 
-    def _session_for(self, conn: MoqtConnection[MoqtEvent]) -> MoqtSession:
+    def _session_for(self, conn: QuicLink) -> MoqtSession:
         session = MoqtSession(conn.quic, role="server", path=self.settings.path, auto_accept=False,
                               request_window=self.settings.request_window)
         self.attach(conn, session)
         return session
 
-    def _on_event(self, conn: MoqtConnection[MoqtEvent], event: MoqtEvent) -> None:
+    def _on_event(self, conn: QuicLink, event: MoqtEvent) -> None:
         endpoint = self._endpoints.get(id(conn))
         if endpoint is not None:
             endpoint.handle(event)
@@ -134,13 +136,13 @@ class Publisher:
         params = SetupParameters(authorization_tokens=tokens)
         path = MoqtUri.parse(uri).path
 
-        def factory(conn: MoqtConnection[MoqtEvent]) -> MoqtSession:
+        def factory(conn: QuicLink) -> MoqtSession:
             session = MoqtSession(conn.quic, role="client", path=path, setup_parameters=params,
                                   request_window=self.settings.request_window)
             self.attach(conn, session)
             return session
 
-        conn = await connect(uri, config, factory, on_event=self._on_event, expected_identity=expected_identity)
+        conn = await dial(uri, config, factory, on_event=self._on_event, expected_identity=expected_identity)
         endpoint = self._endpoints[id(conn)]
         try:
             await asyncio.wait_for(asyncio.shield(endpoint.established), self.settings.setup_timeout_s)

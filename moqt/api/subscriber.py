@@ -35,7 +35,8 @@ from moqt.events import MoqtEvent
 from moqt.kinds import FilterType, GroupOrder, SessionError
 from moqt.messages import ControlMessage
 from moqt.params import AuthToken, SetupParameters
-from moqt.quic import EndpointConfig, MoqtConnection, MoqtUri, connect
+from moqt.quic import EndpointConfig, MoqtUri
+from moqt.quic.backend import QuicLink, dial
 from moqt.session import MoqtSession
 from moqt.tracks import Allocator, MoqtObject, ObjectAssembler, RequestKind, RequestTracker, TransferError
 from moqt.wire import Location, Namespace
@@ -165,15 +166,15 @@ class Subscriber:
         tokens = (AuthToken.use_value(TOKEN_TYPE, token),) if token is not None else ()
         endpoints: list[Endpoint] = []
 
-        def factory(conn: MoqtConnection[MoqtEvent]) -> MoqtSession:
+        def factory(conn: QuicLink) -> MoqtSession:
             session = subscriber_session(conn.quic, path=path, tokens=tokens)
             endpoints.append(Endpoint(conn, session, max_inbox_octets=max_inbox_octets))
             return session
 
-        def on_event(conn: MoqtConnection[MoqtEvent], event: MoqtEvent) -> None:
+        def on_event(conn: QuicLink, event: MoqtEvent) -> None:
             endpoints[0].handle(event)
 
-        await connect(uri, config, factory, on_event=on_event, expected_identity=expected_identity)
+        await dial(uri, config, factory, on_event=on_event, expected_identity=expected_identity)
         try:
             await asyncio.wait_for(asyncio.shield(endpoints[0].established), setup_timeout_s)
         except BaseException:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Final
+from collections.abc import Callable
+from typing import Final, TypeAlias
 
 from moqt.api.endpoint import Endpoint
 from moqt.api.publisher import Publisher
@@ -25,6 +26,11 @@ log = logging.getLogger(__name__)
 POLL_S: Final = 0.2  # how often a held session is checked for GOAWAY (it carries no event of its own)
 
 
+TokenSource: TypeAlias = bytes | Callable[[], bytes | None] | None
+"""The token presented at each connect: fixed octets, or a callable read at every connect (a token file
+that the deployment rotates)."""
+
+
 def backoff_delay(attempt: int, *, base_s: float = 0.1, cap_s: float = 5.0) -> float:
     """Seconds to wait before attempt ``attempt + 1`` after ``attempt`` failures in a row (exponential)."""
     return 0.0 if attempt <= 0 else min(cap_s, base_s * 2 ** min(attempt - 1, 30))
@@ -33,7 +39,7 @@ def backoff_delay(attempt: int, *, base_s: float = 0.1, cap_s: float = 5.0) -> f
 class UpstreamLink:
     """One relay URI kept connected for ``publisher`` (see the module docstring)."""
 
-    def __init__(self, publisher: Publisher, uri: str, config: EndpointConfig, *, token: bytes | None = None,
+    def __init__(self, publisher: Publisher, uri: str, config: EndpointConfig, *, token: TokenSource = None,
                  base_s: float = 0.1, cap_s: float = 5.0) -> None:
         self.publisher = publisher
         self.uri = uri
@@ -62,8 +68,10 @@ class UpstreamLink:
         while True:
             await asyncio.sleep(backoff_delay(attempt, base_s=self.base_s, cap_s=self.cap_s))
             try:
-                self.endpoint = await self.publisher.connect_relay(self.uri, self.config, token=self.token)
-            except (OSError, MoqtError, TimeoutError) as exc:  # ConnectionError is an OSError
+                token = self.token() if callable(self.token) else self.token
+                self.endpoint = await self.publisher.connect_relay(self.uri, self.config, token=token)
+            except (OSError, MoqtError, TimeoutError, ValueError) as exc:  # ConnectionError is an OSError; a
+                # token file that cannot be read is a ValueError: retried, as it may be being replaced
                 attempt += 1
                 self.failures += 1
                 log.info("relay %s unreachable (attempt %d): %s", self.uri, attempt, exc)

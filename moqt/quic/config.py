@@ -10,6 +10,7 @@ import ipaddress
 import logging
 import re
 import ssl
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,18 @@ class MoqtUri:
         return f"moqt://{self.authority}{self.path}" + (f"#{self.fragment}" if self.fragment else "")
 
 
+QUIC_BACKENDS: Final = ("aioquic", "picoquic")
+
+
+def check_quic_backend(name: str) -> None:
+    """Refuse an unknown QUIC stack, and picoquic where aiopquic cannot exist (one line each)."""
+    if name not in QUIC_BACKENDS:
+        raise ValueError(f"quic = {name!r}: the QUIC back-ends are {', '.join(QUIC_BACKENDS)}")
+    if name == "picoquic" and sys.version_info < (3, 12):
+        raise ValueError(f"quic = \"picoquic\" needs Python >= 3.12 (aiopquic has no build for "
+                         f"{sys.version_info.major}.{sys.version_info.minor}); run this role on 3.12+ or use aioquic")
+
+
 def _clamp_datagram(name: str, value: int) -> int:
     if value < SMALLEST_MAX_DATAGRAM_SIZE:
         raise ValueError(f"{name} must be at least {SMALLEST_MAX_DATAGRAM_SIZE} (RFC 9000 section 14)")
@@ -130,8 +143,10 @@ class QuicSettings:
     handshake_timeout_s: float = 10.0
     auth_timeout_s: float = 10.0  # how long a client without certificate has to present a valid token (D3)
     drafts: tuple[int, ...] | None = None  # MOQT drafts offered (client) / accepted (server); None: every one
+    quic: str = "aioquic"  # the QUIC stack (moqt/quic/backend.py): "aioquic", or "picoquic" (Python >= 3.12)
 
     def __post_init__(self) -> None:
+        check_quic_backend(self.quic)
         for name in ("max_datagram_size", "loopback_datagram_size"):
             object.__setattr__(self, name, _clamp_datagram(name, getattr(self, name)))
         if min(self.max_data, self.max_stream_data, self.send_high_water, self.recv_batch) <= 0:

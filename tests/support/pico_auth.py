@@ -21,7 +21,7 @@ from aioquic.quic import events as qe
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from kvsp.pki import RoleSpec, make_dev_pki
-from moqt.api import MemoryTrackSource, MoqtObject, Publisher, SetupRefused, allow_authenticated
+from moqt.api import MemoryTrackSource, MoqtObject, Publisher, SetupRefused, Subscriber, allow_authenticated
 from moqt.kinds import SessionError
 from moqt.quic import ConnectionClosedError, EndpointConfig, QuicSettings
 from moqt.quic.pico import PicoConnection, pico_connect
@@ -29,7 +29,7 @@ from moqt.tls import PeerTrust
 from moqt.wire import Location
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the checkout's tests package
-from tests.support.pico_api import NS, pico_publisher, pico_subscriber, token_for
+from tests.support.pico_api import NS, token_for
 
 AUTH_TIMEOUT_S = 1.0
 GOAWAY_TIMEOUT_S = 0.5
@@ -44,14 +44,14 @@ class Silent:
 
 async def main(pki: Path, port: int) -> dict[str, object]:
     issuer = ec.generate_private_key(ec.SECP256R1())
-    settings = QuicSettings(auth_timeout_s=AUTH_TIMEOUT_S)
+    settings = QuicSettings(auth_timeout_s=AUTH_TIMEOUT_S, quic="picoquic")
     server_cfg = EndpointConfig.from_files(pki / "server.pem", pki / "server.key", pki / "ca.pem", settings,
                                            token_keys=[issuer.public_key()])
     client_cfg = EndpointConfig(PeerTrust.load(pki / "ca.pem"), settings=settings)
     source = MemoryTrackSource()
     source.put(NS, b"t", [MoqtObject(0, 0, memoryview(b"x" * 1000))])
     publisher = Publisher(source, authorize=allow_authenticated)
-    server = await pico_publisher(publisher, port, server_cfg)
+    await publisher.listen("127.0.0.1", port, server_cfg)
     uri = f"moqt://127.0.0.1:{port}/kvsp"
     seen: dict[str, object] = {}
     try:
@@ -62,19 +62,19 @@ async def main(pki: Path, port: int) -> dict[str, object]:
         seen["silent"] = {"closed_after_s": round(time.monotonic() - start, 2), "code": silent.close_event.error_code,
                           "unauthorized": silent.profile.session_errors.code(SessionError.UNAUTHORIZED)}
         try:
-            await pico_subscriber(uri, client_cfg, None)
+            await Subscriber.connect(uri, client_cfg)
             seen["tokenless"] = "served"
         except SetupRefused as exc:
             seen["tokenless"] = str(exc.error)
         with tempfile.TemporaryDirectory() as other:  # a client trusting another CA: picotls refuses the server
             make_dev_pki(Path(other), [RoleSpec("server", "https://127.0.0.1:1/server/")])
             try:
-                await pico_subscriber(uri, EndpointConfig(PeerTrust.load(Path(other) / "ca.pem"), settings=settings),
-                                      token_for(issuer))
+                await Subscriber.connect(uri, EndpointConfig(PeerTrust.load(Path(other) / "ca.pem"), settings=settings),
+                                        token=token_for(issuer))
                 seen["untrusted"] = "connected"
             except ConnectionClosedError as exc:
                 seen["untrusted"] = {"application": exc.application}
-        sub = await pico_subscriber(uri, client_cfg, token_for(issuer))
+        sub = await Subscriber.connect(uri, client_cfg, token=token_for(issuer))
         async with sub.fetch(NS, b"t", Location(0, 0), Location(0, 1)) as objects:
             seen["token"] = [len(obj.payload) async for obj in objects]
         seen["identity"] = [e.link.peer_identity for e in publisher.endpoints]
@@ -88,9 +88,7 @@ async def main(pki: Path, port: int) -> dict[str, object]:
                           "after_s": round(time.monotonic() - start, 2),
                           "closed_with": None if lost is None else str(lost.error)}
     finally:
-        await publisher.close()
-        server.close()
-        await asyncio.wait_for(server.wait_closed(), 5.0)
+        await asyncio.wait_for(publisher.close(), 5.0)
     return seen
 
 

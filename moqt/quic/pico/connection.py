@@ -13,7 +13,8 @@ unchanged. What differs follows from docs/moqt-picoquic.md:
 * Authentication: a picoquic server never sees a client certificate, so every server-side connection
   starts unauthenticated with ``auth_timeout_s`` to present a valid token (`TokenDeadline`, shared with
   aioquic). A client's server check is picotls's (chain to the deployment CA, name = URI host), done in
-  the handshake; the server's identity URI is not known (``peer_identity`` stays None).
+  the handshake; the server's identity URI is not known, so ``peer_identity`` is the ``moqt://`` URI
+  dialled and ``authenticated_by`` is ``"server-name"`` (what a policy of identities never grants).
 * Closes carry the MOQT Session Termination code only (picoquic sends no reason): a refusal's reason
   is logged here, and every close looks like an application close once the handshake completed.
 """
@@ -170,6 +171,9 @@ class PicoConnection(SessionEvents[E]):
         self.profile = profile
         if not self.is_client:  # nothing but a token can authenticate this peer (D3)
             self._start_auth_deadline(self.config.settings.auth_timeout_s)
+        elif self.uri is not None:  # picotls checked chain and host name: the server is who we dialled
+            self.peer_identity = str(MoqtUri(self.uri.host, self.uri.port, self.uri.path))
+            self.authenticated_by = "server-name"
         try:
             self._session = self._factory(self)
         except Exception as exc:

@@ -4,14 +4,17 @@ Mirrors ``moqt.quic.serve``/``MoqtServer``. picoquic demultiplexes connections i
 thread; aiopquic's ``QuicEngine`` hands each new one to `PicoServer` (its ``create_protocol``), which
 makes a `PicoConnection`. Refused at start, with one line each: ``require_certificate`` (a picoquic
 server never asks for a client certificate), no ``token_keys`` (nobody could ever authenticate), no
-credentials, and port 0 (aiopquic cannot report the port it bound). aiopquic binds the wildcard
-address whatever ``host`` says: an IPv4 literal only pins the family.
+credentials. aiopquic binds the wildcard address whatever ``host`` says (an IPv4 literal only pins the
+family) and cannot report the port it bound, so port 0 becomes a port found free just before (a race
+with another process binding it in between is possible: give roles fixed ports).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 from types import TracebackType
 from typing import Any, Generic
 
@@ -35,6 +38,7 @@ class PicoServer(Generic[E]):
         self._engine: Any = None
         self._accepting = True
         self.connections: set[PicoConnection[E]] = set()
+        self.refused = 0  # MoqtServer's per-address refusals: picoquic applies no per-address cap
         #: Sessions started, by the draft their ALPN agreed.
         self.sessions_by_draft: dict[int, int] = {}
         self._all_closed = asyncio.Event()
@@ -97,6 +101,23 @@ class PicoServer(Generic[E]):
         await self.wait_closed()
 
 
+def free_udp_port() -> int:
+    """A UDP port free on both the IPv4 and the IPv6 wildcard right now (aiopquic binds both)."""
+    for _ in range(64):
+        with contextlib.ExitStack() as stack:
+            v4 = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+            v4.bind(("0.0.0.0", 0))
+            port: int = v4.getsockname()[1]
+            v6 = stack.enter_context(socket.socket(socket.AF_INET6, socket.SOCK_DGRAM))
+            v6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                v6.bind(("::", port))
+            except OSError:
+                continue
+            return port
+    raise OSError("no UDP port free on both the IPv4 and the IPv6 wildcard")
+
+
 async def pico_serve(host: str, port: int, config: EndpointConfig, session_factory: PicoSessionFactory[E], *,
                      on_event: PicoEventHandler[E] | None = None) -> PicoServer[E]:
     """Listen for MOQT over picoquic on ``port`` (every interface; see the module docstring)."""
@@ -108,7 +129,7 @@ async def pico_serve(host: str, port: int, config: EndpointConfig, session_facto
     if not config.token_keys:
         raise PicoquicUnsupportedError("a picoquic server needs token_keys: its peers can authenticate by token only")
     if port == 0:
-        raise ValueError("picoquic cannot report the port it bound: pass a free port, not 0")
+        port = free_udp_port()
     _, connection = aiopquic_modules()
     server = PicoServer(port, config, session_factory, on_event)
     with pem_files(config, server=True) as files:
