@@ -61,7 +61,9 @@ def test_alpn_is_the_servers_first_choice_among_the_clients_offers(facts: dict[s
 def test_send_stream_data_takes_bytes_only_and_backpressures_all_or_nothing(facts: dict[str, object]) -> None:
     assert facts["memoryview_refused"] is True and facts["bytearray_refused"] is True
     assert facts["over_ring_cap"] == "ValueError"  # one write above stream_ring_cap (4 MiB)
-    assert facts["accepted_before_buffer_error"] == 4 * MIB
+    # Whole writes only, at least the ring's 4 MiB: more when picoquic's thread emptied some in between.
+    accepted = facts["accepted_before_buffer_error"]
+    assert isinstance(accepted, int) and accepted >= 4 * MIB and accepted % MIB == 0
     assert facts["server_octets"] == facts["client_sent"]  # nothing of a refused write went out
 
 
@@ -108,14 +110,18 @@ def test_publisher_and_subscriber_over_picoquic_and_across_back_ends(pki: Path) 
 
 def test_picoquic_server_authenticates_by_token_only_and_times_goaway(pki: Path) -> None:
     """A picoquic server sees no client certificate: a client that never sets up is closed UNAUTHORIZED at
-    auth_timeout_s (1 s here), one without a token is refused at setup, a client trusting another CA fails
-in the handshake, one with a token is served. The
+    auth_timeout_s (1 s here, an application close), one that goes quiet after setup ends at picoquic's
+    idle timeout (a transport close), one without a token is refused at setup, a client trusting another CA
+    fails in the handshake, one with a token is served. The
     served one, sent GOAWAY with a 0.5 s timeout it ignores, is closed GOAWAY_TIMEOUT by the session timer
     the connection arms."""
     seen = run_in_pico_venv(AUTH, pki)
     silent = seen["silent"]
     assert isinstance(silent, dict) and silent["code"] == silent["unauthorized"]
     assert 0.9 <= silent["closed_after_s"] < 2.0
+    assert silent["application"] is True  # the server's UNAUTHORIZED: an application close (raw APP_CLOSE)
+    idle = seen["idle"]  # picoquic's idle timeout after setup: a transport close, told from the raw CLOSE
+    assert isinstance(idle, dict) and idle["application"] is False and 0.8 <= idle["after_s"] < 3.0
     assert seen["tokenless"] == "SessionError.UNAUTHORIZED"
     assert seen["untrusted"] == {"application": False}  # picotls ended the handshake: a transport close
     assert seen["token"] == [1000]

@@ -1,7 +1,8 @@
 """Run by the picoquic venv (tests/test_moqt_picoquic.py): token-only authentication on a picoquic server.
 
 ``python pico_auth.py PKI_DIR PORT``: a picoquic Publisher with ``auth_timeout_s`` 1 s. A client that
-completes the handshake and never sets up is closed UNAUTHORIZED by the deadline; a Subscriber with no
+completes the handshake and never sets up is closed UNAUTHORIZED by the deadline (an application close);
+one that goes quiet after setup ends at the idle timeout (a transport close); a Subscriber with no
 token is refused at setup; one that trusts another CA fails its handshake; one with a valid token is
 served, then sent GOAWAY with a timeout it ignores, so the server session's timer closes it
 GOAWAY_TIMEOUT. Prints JSON of what each saw.
@@ -15,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from aioquic.quic import events as qe
@@ -33,6 +35,7 @@ from tests.support.pico_api import NS, token_for
 
 AUTH_TIMEOUT_S = 1.0
 GOAWAY_TIMEOUT_S = 0.5
+IDLE_TIMEOUT_S = 1.0
 
 
 class Silent:
@@ -40,6 +43,17 @@ class Silent:
 
     def handle_event(self, event: qe.QuicEvent) -> Sequence[object]:
         return []
+
+
+async def idle_out(uri: str, config: EndpointConfig, token: bytes) -> dict[str, object]:
+    """A served subscriber that goes quiet (no keepalive, a 1 s idle timeout): picoquic ends the connection,
+    which must read as a transport close, not as the server's application close."""
+    quiet = replace(config, settings=replace(config.settings, idle_timeout_s=IDLE_TIMEOUT_S, keepalive=False))
+    sub = await Subscriber.connect(uri, quiet, token=token)
+    start = time.monotonic()
+    await asyncio.wait_for(sub.endpoint.link.wait_closed(), IDLE_TIMEOUT_S * 4)
+    event = sub.endpoint.link.close_event  # type: ignore[attr-defined]  # PicoConnection's, not Link's
+    return {"after_s": round(time.monotonic() - start, 2), "application": event.frame_type is None}
 
 
 async def main(pki: Path, port: int) -> dict[str, object]:
@@ -60,7 +74,9 @@ async def main(pki: Path, port: int) -> dict[str, object]:
         await asyncio.wait_for(silent.wait_closed(), AUTH_TIMEOUT_S + 2.0)
         assert silent.close_event is not None
         seen["silent"] = {"closed_after_s": round(time.monotonic() - start, 2), "code": silent.close_event.error_code,
-                          "unauthorized": silent.profile.session_errors.code(SessionError.UNAUTHORIZED)}
+                          "unauthorized": silent.profile.session_errors.code(SessionError.UNAUTHORIZED),
+                          "application": silent.close_event.frame_type is None}
+        seen["idle"] = await idle_out(uri, client_cfg, token_for(issuer))
         try:
             await Subscriber.connect(uri, client_cfg)
             seen["tokenless"] = "served"

@@ -16,7 +16,8 @@ unchanged. What differs follows from docs/moqt-picoquic.md:
   the handshake; the server's identity URI is not known, so ``peer_identity`` is the ``moqt://`` URI
   dialled and ``authenticated_by`` is ``"server-name"`` (what a policy of identities never grants).
 * Closes carry the MOQT Session Termination code only (picoquic sends no reason): a refusal's reason
-  is logged here, and every close looks like an application close once the handshake completed.
+  is logged here; an application close is told from a transport close (an idle timeout, a protocol
+  error of picoquic's) by the raw ring event (the shim's ``application_close``).
 """
 
 from __future__ import annotations
@@ -240,5 +241,6 @@ class PicoConnection(SessionEvents[E]):
         return bool(self.pico.closed)
 
     def _closed_by_application(self, event: qe.ConnectionTerminated) -> bool:
-        # Before the handshake completed it was picoquic's doing (TLS, ALPN, timeout), not a session's.
-        return self._handshaken
+        # Before the handshake completed it was picoquic's doing (TLS, ALPN, timeout), not a session's;
+        # after it, what the raw close event said (the shim's application_close, as frame_type).
+        return self._handshaken and event.frame_type is None

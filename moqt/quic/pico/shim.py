@@ -19,6 +19,10 @@ from typing import Any, Final
 from aioquic.quic import events as qe
 
 _CHUNK: Final = 1 << 20  # below aiopquic's stream_ring_cap (4 MiB): one write never exceeds the ring
+# aiopquic 0.6.1's RX ring event types (aiopquic/quic/connection.py): both closes become the same
+# ConnectionTerminated, so the kind is read from the raw event, the only place that tells them apart.
+_EVT_CLOSE: Final = 4
+_EVT_APP_CLOSE: Final = 5
 
 
 @dataclass(slots=True)
@@ -37,6 +41,20 @@ class PicoQuic:
         self._flushers: dict[int, asyncio.Task[None]] = {}
         #: Told of every local close (code, reason), whoever closes: aiopquic reports our own close as code 0.
         self.on_close: Callable[[int, str], None] | None = None
+        #: How the connection ended, from the first close event: True application, False transport.
+        self.application_close: bool | None = None
+        for name in ("_enqueue_raw", "_handle_raw_event"):  # the server's and the client's event entry
+            original = getattr(quic, name, None)
+            if callable(original):
+                setattr(quic, name, self._watching(original))
+
+    def _watching(self, original: Callable[..., None]) -> Callable[..., None]:
+        def watched(evt_type: int, *args: Any) -> None:
+            if self.application_close is None and evt_type in (_EVT_CLOSE, _EVT_APP_CLOSE):
+                self.application_close = evt_type == _EVT_APP_CLOSE
+            original(evt_type, *args)
+
+        return watched
 
     @property
     def closing(self) -> bool:
@@ -148,6 +166,7 @@ def to_aioquic(event: object, shim: PicoQuic) -> qe.QuicEvent | None:
         return qe.StopSendingReceived(error_code=e.error_code, stream_id=e.stream_id)
     if name == "DatagramFrameReceived":
         return qe.DatagramFrameReceived(data=bytes(e.data))
-    if name == "ConnectionTerminated":
-        return qe.ConnectionTerminated(error_code=e.error_code, frame_type=None, reason_phrase="")
+    if name == "ConnectionTerminated":  # aioquic's frame_type None is an application close, a number a transport's
+        transport = shim.application_close is False
+        return qe.ConnectionTerminated(error_code=e.error_code, frame_type=0 if transport else None, reason_phrase="")
     return None
