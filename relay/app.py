@@ -9,7 +9,6 @@ On shutdown the relay drains: GOAWAY to every peer, ``drain_s`` for them to leav
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 
@@ -25,7 +24,7 @@ from kvsp.service.metrics import MoqtSessionsCollector, metrics_of
 from kvsp.service.tokens import load_token_key
 from moqt.api import TokenRule, UpstreamLink
 from moqt.auth import TokenClaims
-from moqt.quic import EndpointConfig, MoqtUri
+from moqt.quic import EndpointConfig
 from moqt.wire import Namespace
 from relay.auth import relay_authorizer
 from relay.core import RelayStats, is_prefix
@@ -83,11 +82,7 @@ class RelayRole:
         keys = tuple(load_token_key(path) for path in settings.token_keys)
         self.endpoint_config = EndpointConfig.from_files(tls.cert, tls.key, tls.ca, settings.quic, token_keys=keys)
         opened = settings.open_prefixes
-        # Over picoquic an upstream relay we dialled is known by the URI dialled (its certificate's chain and
-        # host name checked, not its identity: AuthMethod "server-name"); it may send us requests as a peer.
-        dialled = tuple(str(dataclasses.replace(MoqtUri.parse(u), fragment="")) for u in settings.upstream
-                        if config.moqt.picoquic)
-        self.relay = Relay(settings, authorize=relay_authorizer(config.policy, peers=(*settings.peers, *dialled),
+        self.relay = Relay(settings, authorize=relay_authorizer(config.policy, peers=settings.peers,
                                                                 open_prefixes=opened),
                            token_rule=_token_rule(opened))
         token = config.moqt.token_source("the relay's upstream link") if settings.upstream else None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable
@@ -62,6 +63,7 @@ from moqt.messages import (
     SubscribeNamespace,
     UnsubscribeNamespace,
 )
+from moqt.quic import MoqtUri
 from moqt.session import MoqtSession
 from moqt.tracks import ObjectAssembler, RequestKind, RequestTracker, subscription_start
 from moqt.wire import Location, Namespace
@@ -77,12 +79,27 @@ Clock = Callable[[], float]
 FlightKey = tuple[Namespace, bytes, Location, Location]
 
 
+def _with_upstreams(authorize: Authorizer, upstream: Iterable[str]) -> Authorizer:
+    """``authorize``, and an upstream relay this relay dials may send it requests as a peer. Over picoquic
+    that relay is known only as the URI dialled (``authenticated_by`` "server-name": its certificate's
+    chain and host name were checked, its identity cannot be read), which no identity policy names; over
+    aioquic identities are certificate URIs and the configured ``peers`` decide, as before."""
+    dialled = frozenset(str(dataclasses.replace(MoqtUri.parse(uri), fragment="")) for uri in upstream)
+    if not dialled:
+        return authorize
+
+    def authorized(identity: str, namespace: Namespace, action: Action) -> bool:
+        return identity in dialled or authorize(identity, namespace, action)
+
+    return authorized
+
+
 class Relay(Publisher):
     """Routes, fans out and caches tracks between publishers and subscribers (see the module docstring)."""
 
     def __init__(self, settings: RelaySettings, *, authorize: Authorizer, token_rule: TokenRule = token_namespaces,
                  clock: Clock = time.monotonic) -> None:
-        super().__init__(None, authorize=authorize, token_rule=token_rule,
+        super().__init__(None, authorize=_with_upstreams(authorize, settings.upstream), token_rule=token_rule,
                          settings=PublisherSettings(path=settings.path))
         self.relay_settings = settings
         self.cache = ObjectCache(settings.cache_octets, settings.cache_ttl_s)

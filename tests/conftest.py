@@ -21,6 +21,9 @@ from hypothesis import HealthCheck, settings
 
 from tests.support.vectors import VECTORS
 
+# The QUIC back-end fixture and the aioquic_only marker of the MOQT and relay suites.
+pytest_plugins = ["tests.support.backends"]
+
 # CI runs on 2 shared cores: no per-example deadline, and slow generation is not a failure.
 settings.register_profile("kvsp", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("kvsp")

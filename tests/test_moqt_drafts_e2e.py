@@ -14,7 +14,6 @@ import dataclasses
 import itertools
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiohttp import web
@@ -31,7 +30,9 @@ from kvsp.registry import Codec
 from kvsp.service.policy import Policy, ScopeGrant
 from moqt.api import Publisher
 from moqt.profiles import PROFILES
-from moqt.quic import EndpointConfig, MoqtServer
+from moqt.quic import EndpointConfig, QuicSettings
+from moqt.quic.backend import QuicServer
+from tests.support import backends
 from tests.support.relay import start_relay
 from tests.support.servers import role_config, running
 from tests.test_moqt_kvsp import COMPAT, DESCRIPTOR, GEOMETRY, SCOPE, container, key
@@ -44,9 +45,12 @@ T = 30.0
 
 
 def client_for(pki: DevPki, draft: int, name: str = "client") -> MoqtBlockClient:
+    """A block client pinned to ``draft`` on the test's back-end (on picoquic with a token for its
+    identity and every KVSP namespace, its only way to authenticate there)."""
     files = pki.files(name)
-    settings = dataclasses.replace(BLOCK_CLIENT_QUIC, drafts=(draft,))
-    return MoqtBlockClient(EndpointConfig.from_files(files.cert, files.key, files.ca, settings))
+    settings = dataclasses.replace(BLOCK_CLIENT_QUIC, drafts=(draft,), quic=backends.CURRENT)
+    return MoqtBlockClient(EndpointConfig.from_files(files.cert, files.key, files.ca, settings),
+                           token=backends.token_for(pki.uri(name), namespaces=[(b"kvsp",)]))
 
 
 def _policy(pki: DevPki) -> Policy:
@@ -60,11 +64,12 @@ def _holder(pki: DevPki, tmp: Path, policy: Policy, **moqt: object) -> tuple[dic
     descriptor.write_text(json.dumps(DESCRIPTOR.to_json()))
     port = free_udp_port()
     section = {"index": pki.uri("is"), "descriptors": [str(descriptor)], "host_capacity_octets": 1 << 24,
-               "moqt_listen": f"127.0.0.1:{port}", "moqt_uri": f"moqt://127.0.0.1:{port}/holder", **moqt}
+               "moqt_listen": f"127.0.0.1:{port}", "moqt_uri": f"moqt://127.0.0.1:{port}/holder",
+               **backends.holder_keys(tmp), **moqt}
     return section, port
 
 
-async def test_one_block_is_the_same_over_every_draft_and_https(tmp_path: Path) -> None:
+async def test_one_block_is_the_same_over_every_draft_and_https(tmp_path: Path, quic_backend: str) -> None:
     pki = DevPki.make(tmp_path / "pki", ["client", "is", "h1"])
     policy = _policy(pki)
     section, _ = _holder(pki, tmp_path, policy)
@@ -72,7 +77,8 @@ async def test_one_block_is_the_same_over_every_draft_and_https(tmp_path: Path) 
     clients = {d: client_for(pki, d) for d in DRAFTS}
     try:
         async with running(role_config(pki, "is", ("is",), policy)), \
-                running(role_config(pki, "h1", ("holder",), policy, {"holder": section})) as holder_app:
+                running(role_config(pki, "h1", ("holder",), policy, {"holder": section},
+                                    moqt=backends.role_moqt(tmp_path, pki.uri("h1")))) as holder_app:
             holder = pki.uri("h1")
             await HolderClient(session).put_block(holder, COMPAT, SCOPE, key(0), container(0))
             record = await lookup_moqt(pki, session, 0)
@@ -100,11 +106,14 @@ async def test_one_block_is_the_same_over_every_draft_and_https(tmp_path: Path) 
 
 
 @pytest.mark.parametrize("draft", DRAFTS)
-async def test_a_live_block_streams_layer_by_layer_over_each_draft(tmp_path: Path, draft: int) -> None:
+async def test_a_live_block_streams_layer_by_layer_over_each_draft(tmp_path: Path, draft: int,
+                                                                   quic_backend: str) -> None:
     pki = DevPki.make(tmp_path / "pki", ["client", "producer"])
     files = pki.files("producer")
     publisher = Publisher(authorize=kvsp_authorizer(lambda identity, scope: scope == SCOPE))
-    port = await publisher.listen("127.0.0.1", 0, EndpointConfig.from_files(files.cert, files.key, files.ca))
+    config = EndpointConfig.from_files(files.cert, files.key, files.ca, QuicSettings(quic=quic_backend),
+                                       token_keys=backends.token_keys())
+    port = await publisher.listen("127.0.0.1", 0, config)
     namespace = TrackNamespace(COMPAT, SCOPE, role_id(pki.uri("producer")), key(7))
     producer = LiveBlockPublisher(publisher, namespace)
     layers = decode_container(container(7)).layers
@@ -135,7 +144,7 @@ BRIDGES = [(up, down) for up, down in itertools.product(DRAFTS, DRAFTS) if up !=
 
 @pytest.mark.parametrize(("upstream", "downstream"), BRIDGES, ids=[f"d{u}-to-d{d}" for u, d in BRIDGES])
 async def test_the_relay_bridges_a_holder_at_one_draft_to_clients_at_another(
-        tmp_path: Path, upstream: int, downstream: int) -> None:
+        tmp_path: Path, upstream: int, downstream: int, quic_backend: str) -> None:
     pki = DevPki.make(tmp_path / "pki", ["client", "other", "is", "h1", "relay-a"])
     policy = _policy(pki)
     policy = dataclasses.replace(policy, scopes={SCOPE: dataclasses.replace(
@@ -146,7 +155,8 @@ async def test_the_relay_bridges_a_holder_at_one_draft_to_clients_at_another(
     clients = [client_for(pki, downstream), client_for(pki, downstream, "other")]
     try:
         async with running(role_config(pki, "is", ("is",), policy)), \
-                running(role_config(pki, "h1", ("holder",), policy, {"holder": section})):
+                running(role_config(pki, "h1", ("holder",), policy, {"holder": section},
+                                    moqt=backends.role_moqt(tmp_path, pki.uri("h1")))):
             prefix = (b"kvsp", COMPAT.hex().encode(), SCOPE.hex().encode(), role_id(pki.uri("h1")).encode())
             async with asyncio.timeout(20):
                 while prefix not in node.relay.table.under(()):
@@ -176,7 +186,7 @@ def _drafts(client: MoqtBlockClient) -> set[int]:
     return {s.endpoint.session.profile.draft for s in client._subscribers.values()}
 
 
-def _holder_server(app: web.Application) -> MoqtServer[Any]:
+def _holder_server(app: web.Application) -> QuicServer:
     server = app[HOLDER_MOQT].publisher.server
     assert server is not None
     return server

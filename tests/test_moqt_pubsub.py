@@ -39,10 +39,13 @@ from moqt.events import MoqtEvent, ObjectChunkReceived, ObjectSource
 from moqt.kinds import ObjectStatus, PublishDoneStatus, RequestError, SessionError, StreamReset
 from moqt.messages import PublishNamespace
 from moqt.profiles import Profile
-from moqt.quic import ConnectionClosedError, EndpointConfig, MoqtConnection, QuicSettings, serve
+from moqt.quic import ConnectionClosedError, EndpointConfig, MoqtConnection, MoqtUri, QuicSettings
+from moqt.quic.backend import listen
+from moqt.quic.pico import PicoConnection
 from moqt.session import MoqtSession
 from moqt.tracks import GroupLog, ObjectAssembler, RequestKind, RequestTracker, check_fetch, fetch_ok_end
 from moqt.wire import Location, Namespace
+from tests.support import backends
 from tests.support.drafts import DRAFTS
 
 T = 20.0
@@ -343,25 +346,41 @@ async def test_publisher_closing_fails_open_requests(profile: Profile) -> None:
     assert not sub.usable
 
 
-# -- loopback QUIC with a development PKI ----------------------------------------------------------------
+# -- loopback QUIC with a development PKI, over each QUIC back-end (``quic_backend``) ------------------------
+SERVER_ID, CLIENT_ID = "https://127.0.0.1:1/server/", "https://client.test/"
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("pki")
-    make_dev_pki(base, [RoleSpec("server", "https://127.0.0.1:1/server/"),
-                        RoleSpec("client", "https://client.test/"), RoleSpec("relay", "https://127.0.0.1:2/r/")])
+    make_dev_pki(base, [RoleSpec("server", SERVER_ID), RoleSpec("client", CLIENT_ID),
+                        RoleSpec("relay", "https://127.0.0.1:2/r/")])
     return base
 
 
 def config(pki: Path, name: str | None, profile: Profile | None = None, **settings: object) -> EndpointConfig:
-    """A party's endpoint; with ``profile`` it offers and accepts that draft alone."""
+    """A party's endpoint on the test's back-end; with ``profile`` it offers and accepts that draft alone."""
     cert, key = (pki / f"{name}.pem", pki / f"{name}.key") if name else (None, None)
     drafts = (profile.draft,) if profile is not None else None
-    quic = QuicSettings(auth_timeout_s=2.0, handshake_timeout_s=5.0, drafts=drafts, **settings)  # type: ignore[arg-type]
-    return EndpointConfig.from_files(cert, key, pki / "ca.pem", quic)
+    quic = QuicSettings(auth_timeout_s=2.0, handshake_timeout_s=5.0, drafts=drafts, quic=backends.CURRENT,
+                        **settings)  # type: ignore[arg-type]
+    return EndpointConfig.from_files(cert, key, pki / "ca.pem", quic, token_keys=backends.token_keys())
+
+
+def client_token() -> bytes | None:
+    """The client's token on picoquic (its certificate's identity, NS's prefix); None on aioquic."""
+    return backends.token_for(CLIENT_ID, namespaces=[NS[:1]])
+
+
+def server_identity(uri: str) -> str:
+    """Who the client knows the server as: its certificate's URI on aioquic; on picoquic, which reads no
+    server certificate, the URI it dialled (picotls checked chain and host name)."""
+    return str(MoqtUri.parse(uri)) if backends.picoquic() else SERVER_ID
 
 
 @DRAFTS
-async def test_loopback_fetch_with_backpressure(pki: Path, monkeypatch: pytest.MonkeyPatch, profile: Profile) -> None:
+async def test_loopback_fetch_with_backpressure(pki: Path, monkeypatch: pytest.MonkeyPatch, profile: Profile,
+                                                quic_backend: str) -> None:
     size, count = 64 << 10, 32
     publisher = Publisher(stored(count, size), authorize=allow_authenticated, settings=PublisherSettings(path="/p"))
     port = await publisher.listen("127.0.0.1", 0, config(pki, "server", profile, send_high_water=256 << 10))
@@ -376,8 +395,9 @@ async def test_loopback_fetch_with_backpressure(pki: Path, monkeypatch: pytest.M
     monkeypatch.setattr(MoqtSession, "send_fetch_object", watched)
     try:
         async with asyncio.timeout(T):
-            sub = await Subscriber.connect(f"moqt://127.0.0.1:{port}/p", config(pki, "client", profile))
-            assert sub.peer_identity == "https://127.0.0.1:1/server/"
+            uri = f"moqt://127.0.0.1:{port}/p"
+            sub = await Subscriber.connect(uri, config(pki, "client", profile), token=client_token())
+            assert sub.peer_identity == server_identity(uri)
             assert publisher.endpoints[0].session.profile is profile
             async with sub.fetch(NS, b"t", Location(0, 0), Location(0, count)) as objects:
                 got = await collect(objects)
@@ -389,7 +409,7 @@ async def test_loopback_fetch_with_backpressure(pki: Path, monkeypatch: pytest.M
 
 
 @DRAFTS
-async def test_loopback_unauthenticated_peer_is_refused(pki: Path, profile: Profile) -> None:
+async def test_loopback_unauthenticated_peer_is_refused(pki: Path, profile: Profile, quic_backend: str) -> None:
     publisher = Publisher(stored(), authorize=allow_authenticated)
     port = await publisher.listen("127.0.0.1", 0, config(pki, "server", profile))
     try:
@@ -406,12 +426,12 @@ async def test_loopback_unauthenticated_peer_is_refused(pki: Path, profile: Prof
 
 
 @DRAFTS
-async def test_loopback_token_peer_without_certificate(pki: Path, profile: Profile) -> None:
+async def test_loopback_token_peer_without_certificate(pki: Path, profile: Profile, quic_backend: str) -> None:
     issuer = ec.generate_private_key(ec.SECP256R1())
     now = int(time.time())
     token = issue_token(issuer, "https://tok.test/", namespaces=[NS], expires_at=now + 60, now=now)
     server = EndpointConfig.from_files(pki / "server.pem", pki / "server.key", pki / "ca.pem",
-                                       token_keys=[issuer.public_key()])
+                                       QuicSettings(quic=quic_backend), token_keys=[issuer.public_key()])
     seen: list[str] = []
 
     def record(identity: str, namespace: Namespace, action: Action) -> bool:
@@ -432,10 +452,10 @@ async def test_loopback_token_peer_without_certificate(pki: Path, profile: Profi
 
 
 @DRAFTS
-async def test_publish_namespace_to_a_relay(pki: Path, profile: Profile) -> None:
+async def test_publish_namespace_to_a_relay(pki: Path, profile: Profile, quic_backend: str) -> None:
     """A stand-in relay accepts namespaces under NS and refuses others (D3's rule is the relay's)."""
 
-    def on_event(conn: MoqtConnection[MoqtEvent], event: MoqtEvent) -> None:
+    def on_event(conn: MoqtConnection[MoqtEvent] | PicoConnection[MoqtEvent], event: MoqtEvent) -> None:
         message = getattr(event, "message", None)
         session = conn.session
         assert isinstance(session, MoqtSession)
@@ -445,13 +465,14 @@ async def test_publish_namespace_to_a_relay(pki: Path, profile: Profile) -> None
             else:
                 session.publish_namespace_error(message.request_id, 0x1, "not yours")
 
-    relay = await serve("127.0.0.1", 0, config(pki, "relay", profile), lambda c: MoqtSession(c.quic),
-                        on_event=on_event)
+    relay = await listen("127.0.0.1", 0, config(pki, "relay", profile), lambda c: MoqtSession(c.quic),
+                         on_event=on_event)
     publisher = Publisher(authorize=allow_authenticated)
     try:
         async with asyncio.timeout(T):
             await publisher.publish_namespace(NS)  # remembered, sent when the relay connects
-            await publisher.connect_relay(f"moqt://127.0.0.1:{relay.port}/", config(pki, "client", profile))
+            await publisher.connect_relay(f"moqt://127.0.0.1:{relay.port}/", config(pki, "client", profile),
+                                          token=client_token())
             with pytest.raises(NamespaceRefused) as info:
                 await publisher.publish_namespace(OTHER)
             assert info.value.unauthorized

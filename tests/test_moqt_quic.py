@@ -1,12 +1,16 @@
-"""The aioquic adapter (moqt/quic/) over loopback UDP with a dev PKI made at test time.
+"""The QUIC adapter (moqt/quic/) over loopback UDP with a dev PKI made at test time.
 
 Sessions here are tiny stand-ins for the MOQT session: objects with ``handle_event(quic_event)`` that
-write into the QuicConnection themselves, exactly the contract the real session follows.
+write into the QuicConnection themselves, exactly the contract the real session follows. The loopback
+tests run over each QUIC back-end present (``quic_backend``, tests/support/backends.py); those that
+check aioquic's own behaviour (client certificates and TLS alerts, its write path, datagram sizes and
+stats) are marked ``aioquic_only`` with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import ssl
@@ -41,8 +45,12 @@ from moqt.quic import (
     serve,
 )
 from moqt.quic.aioquic_hooks import HookedQuicConnection
+from moqt.quic.backend import listen
+from moqt.quic.pico import PicoConnection, PicoServer, pico_connect, pico_serve
 from moqt.session import MoqtSession
 from moqt.tls import PeerCertificateError
+from tests.support import backends
+from tests.support.backends import aioquic_only
 
 SERVER_URI = "moqt://127.0.0.1:4433/relay"
 CLIENT_URI = "https://client.test/kvsp/"
@@ -61,9 +69,13 @@ class Pki:
     def config(self, name: str | None, *, ca: Path | None = None, settings: QuicSettings | None = None,
                token_keys: Sequence[ec.EllipticCurvePublicKey] = (), require_certificate: bool = False
                ) -> EndpointConfig:
+        """``name``'s endpoint on the test's back-end (a picoquic server trusts the test issuer's tokens
+        unless ``token_keys`` are given: it has no other way to authenticate anyone)."""
         base = ca or self.dir
         cert, key = (base / f"{name}.pem", base / f"{name}.key") if name else (None, None)
-        return EndpointConfig.from_files(cert, key, base / "ca.pem", settings or FAST, token_keys=token_keys,
+        quic = dataclasses.replace(settings or FAST, quic=backends.CURRENT)
+        return EndpointConfig.from_files(cert, key, base / "ca.pem", quic,
+                                         token_keys=token_keys or backends.token_keys(),
                                          require_certificate=require_certificate)
 
 
@@ -81,11 +93,21 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 # -- test sessions --------------------------------------------------------------------------------
+Ev = tuple[int, bytes, bool]
+Conn = MoqtConnection[Ev] | PicoConnection[Ev]
+"""A connection of either back-end; aioquic-only tests narrow it (`aioquic_conn`)."""
+
+
+def aioquic_conn(conn: Conn) -> MoqtConnection[Ev]:
+    assert isinstance(conn, MoqtConnection), "an aioquic-only test ran on picoquic"
+    return conn
+
+
 @dataclass
 class Recorder:
     """Records every QUIC event; returns stream data as (stream_id, data, end) events."""
 
-    conn: MoqtConnection[tuple[int, bytes, bool]]
+    conn: Conn
     seen: list[qe.QuicEvent] = field(default_factory=list)
 
     def handle_event(self, event: qe.QuicEvent) -> Sequence[tuple[int, bytes, bool]]:
@@ -140,12 +162,12 @@ class Ticking(Recorder):
         return [(-1, b"tick", False)]
 
 
-Factory = Callable[[MoqtConnection[tuple[int, bytes, bool]]], Recorder]
+Factory = Callable[[Conn], Recorder]
 
 
 @dataclass
 class Served:
-    server: MoqtServer[tuple[int, bytes, bool]]
+    server: MoqtServer[Ev] | PicoServer[Ev]
     sessions: list[Recorder]
 
     @property
@@ -154,28 +176,44 @@ class Served:
 
 
 async def _serve(config: EndpointConfig, cls: type[Recorder] = Recorder) -> Served:
+    """A server on ``config``'s back-end whose connections each get a ``cls`` session."""
     sessions: list[Recorder] = []
 
-    def factory(conn: MoqtConnection[tuple[int, bytes, bool]]) -> Recorder:
+    def factory(conn: Conn) -> Recorder:
         sessions.append(cls(conn))
         return sessions[-1]
 
+    if config.settings.quic == backends.PICOQUIC:
+        return Served(await pico_serve("127.0.0.1", 0, config, factory), sessions)
     return Served(await serve("127.0.0.1", 0, config, factory), sessions)
 
 
+async def _connect(uri: str, config: EndpointConfig, factory: Callable[[Any], Any]) -> Conn:
+    """``connect`` on ``config``'s back-end (``moqt.quic.connect`` or ``pico_connect``)."""
+    if config.settings.quic == backends.PICOQUIC:
+        return await pico_connect(uri, config, factory)
+    return await connect(uri, config, factory)
+
+
+def _send(conn: Conn, data: bytes) -> None:
+    """``data`` and FIN on a new stream, on either back-end (``MoqtConnection.write`` is aioquic's only)."""
+    conn.quic.send_stream_data(conn.quic.get_next_available_stream_id(), data, end_stream=True)
+    conn.transmit_soon()
+
+
 @pytest.fixture
-async def served(pki: Pki) -> AsyncIterator[Served]:
+async def served(pki: Pki, quic_backend: str) -> AsyncIterator[Served]:
     s = await _serve(pki.config("server"), Echo)
     yield s
     s.server.close()
     await asyncio.wait_for(s.server.wait_closed(), T)
 
 
-def recorder(conn: MoqtConnection[tuple[int, bytes, bool]]) -> Recorder:
+def recorder(conn: Conn) -> Recorder:
     return Recorder(conn)
 
 
-async def _closed_code(conn: MoqtConnection[Any]) -> int:
+async def _closed_code(conn: Conn) -> int:
     await asyncio.wait_for(conn.wait_closed(), T)
     assert conn.close_event is not None
     return conn.close_event.error_code
@@ -226,6 +264,10 @@ def test_quic_configuration_carries_settings(pki: Pki) -> None:
 
 
 # -- authentication ---------------------------------------------------------------------------------
+CLIENT_CERTIFICATES = aioquic_only("client certificates: a picoquic server never requests one")
+
+
+@CLIENT_CERTIFICATES
 async def test_mutual_authentication_both_sides_see_identity(pki: Pki, served: Served) -> None:
     conn = await connect(served.uri, pki.config("client"), recorder)
     async with conn:
@@ -234,7 +276,7 @@ async def test_mutual_authentication_both_sides_see_identity(pki: Pki, served: S
         (session,) = served.sessions
         assert session.conn.peer_identity == CLIENT_URI
         assert session.conn.authenticated_by == "certificate"
-        assert session.conn.peer_certificate is not None
+        assert aioquic_conn(session.conn).peer_certificate is not None
         assert any(isinstance(e, qe.HandshakeCompleted) for e in session.seen)
         assert isinstance(session.seen[0], qe.ProtocolNegotiated)  # queued before the session existed
         assert conn.quic.tls.alpn_negotiated == PROFILES[0].alpn == conn.profile.alpn  # the newest draft
@@ -242,16 +284,19 @@ async def test_mutual_authentication_both_sides_see_identity(pki: Pki, served: S
 
 
 async def test_client_without_certificate_is_closed_at_auth_deadline(pki: Pki, served: Served) -> None:
-    conn = await connect(served.uri, pki.config(None), recorder)
+    conn = await _connect(served.uri, pki.config(None), recorder)
     (session,) = served.sessions
     assert session.conn.peer_identity is None and session.conn.authenticated_by is None
     start = time.monotonic()
     assert await _closed_code(conn) == UNAUTHORIZED
     assert 0.3 < time.monotonic() - start < 5
-    assert conn.close_event is not None and "token" in conn.close_event.reason_phrase
+    if not backends.picoquic():  # picoquic sends the close's code only, never its reason
+        assert conn.close_event is not None and "token" in conn.close_event.reason_phrase
 
 
-async def test_required_certificate_closes_at_once_without_a_session(pki: Pki) -> None:
+@aioquic_only("require_certificate: pico_serve refuses it (no client certificates), and the refusal is a TLS "
+              "alert picoquic cannot send")
+async def test_required_certificate_closes_at_once_without_a_session(pki: Pki, quic_backend: str) -> None:
     s = await _serve(pki.config("server", require_certificate=True))
     try:
         conn = await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config(None), recorder)
@@ -261,14 +306,16 @@ async def test_required_certificate_closes_at_once_without_a_session(pki: Pki) -
         s.server.close()
 
 
-async def test_token_authenticates_a_client_without_certificate(pki: Pki) -> None:
+async def test_token_authenticates_a_client_without_certificate(pki: Pki, quic_backend: str) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     s = await _serve(pki.config("server", token_keys=[key.public_key()]), TokenOnFirstStream)
     token = issue_token(key, "https://tokenholder.test/", [bytes(16)], expires_at=int(time.time()) + 60,
                         now=int(time.time()))
     try:
-        conn = await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config(None), recorder)
-        await conn.write(conn.quic.get_next_available_stream_id(), token, end_stream=True)
+        conn = await _connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config(None), recorder)
+        _send(conn, token)
+        while not s.sessions and not conn.closed:  # picoquic's server may see the handshake end later
+            await asyncio.sleep(0.01)
         (session,) = s.sessions
         while session.conn.authenticated_by is None and not conn.closed:
             await asyncio.sleep(0.01)
@@ -282,20 +329,21 @@ async def test_token_authenticates_a_client_without_certificate(pki: Pki) -> Non
         s.server.close()
 
 
-async def test_bad_token_leaves_client_unauthenticated(pki: Pki) -> None:
+async def test_bad_token_leaves_client_unauthenticated(pki: Pki, quic_backend: str) -> None:
     trusted, rogue = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     s = await _serve(pki.config("server", token_keys=[trusted.public_key()]), TokenOnFirstStream)
     token = issue_token(rogue, "https://x.test/", expires_at=int(time.time()) + 60, now=int(time.time()))
     try:
-        conn = await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config(None), recorder)
-        await conn.write(conn.quic.get_next_available_stream_id(), token, end_stream=True)
+        conn = await _connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config(None), recorder)
+        _send(conn, token)
         assert await _closed_code(conn) == UNAUTHORIZED  # BadSignatureError.error
         assert s.sessions[0].conn.peer_identity is None
     finally:
         s.server.close()
 
 
-async def test_client_certificate_from_another_ca_is_rejected(pki: Pki) -> None:
+@CLIENT_CERTIFICATES
+async def test_client_certificate_from_another_ca_is_rejected(pki: Pki, quic_backend: str) -> None:
     s = await _serve(pki.config("server"))
     try:
         rogue = EndpointConfig.from_files(pki.other / "client.pem", pki.other / "client.key", pki.dir / "ca.pem",
@@ -307,25 +355,26 @@ async def test_client_certificate_from_another_ca_is_rejected(pki: Pki) -> None:
         s.server.close()
 
 
-async def test_server_certificate_from_another_ca_is_rejected(pki: Pki) -> None:
+async def test_server_certificate_from_another_ca_is_rejected(pki: Pki, quic_backend: str) -> None:
     s = await _serve(pki.config("server", ca=pki.other))
-    try:
+    try:  # aioquic: our check after the handshake; picoquic: picotls's, in it (a transport close)
         with pytest.raises((ConnectionClosedError, PeerCertificateError)):
-            await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config("client"), recorder)
+            await _connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config("client"), recorder)
         assert s.sessions == []
     finally:
         s.server.close()
 
 
-async def test_server_name_mismatch_is_rejected(pki: Pki) -> None:
+async def test_server_name_mismatch_is_rejected(pki: Pki, quic_backend: str) -> None:
     s = await _serve(pki.config("elsewhere"))  # certificate for relay.other.test, reached as 127.0.0.1
     try:
         with pytest.raises((ConnectionClosedError, PeerCertificateError)):
-            await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config("client"), recorder)
+            await _connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config("client"), recorder)
     finally:
         s.server.close()
 
 
+@aioquic_only("expected_identity: a picoquic client reads no server certificate, so pico_connect refuses it")
 async def test_unexpected_server_identity_is_rejected_by_our_check(pki: Pki, served: Served) -> None:
     with pytest.raises(PeerCertificateError, match="expected"):
         await connect(served.uri, pki.config("client"), recorder, expected_identity="moqt://someone.else/")
@@ -337,6 +386,8 @@ async def test_unexpected_server_identity_is_rejected_by_our_check(pki: Pki, ser
 
 
 # -- data path ----------------------------------------------------------------------------------------
+@aioquic_only("MoqtConnection.write and aioquic's unacknowledged-octets bound (picoquic's drain: "
+              "tests/test_moqt_picoquic.py)")
 async def test_echo_8_mib_over_one_stream_with_backpressure(pki: Pki, served: Served) -> None:
     settings = QuicSettings(send_high_water=256 << 10)
     conn = await connect(served.uri, pki.config("client", settings=settings), recorder)
@@ -371,13 +422,14 @@ async def test_echo_8_mib_over_one_stream_with_backpressure(pki: Pki, served: Se
         assert time.monotonic() - start < T
 
 
-async def test_transmit_is_coalesced_per_receive_batch(pki: Pki) -> None:
+@aioquic_only("recv_batch and transmit stats: aioquic's Python send loop (picoquic sends from its own thread)")
+async def test_transmit_is_coalesced_per_receive_batch(pki: Pki, quic_backend: str) -> None:
     s = await _serve(pki.config("server"))
     try:
         conn = await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config("client"), recorder)
         async with conn:
             await asyncio.wait_for(conn.write(0, bytes(8 << 20), end_stream=True), T)
-            receiver = s.sessions[0].conn
+            receiver = aioquic_conn(s.sessions[0].conn)
             while receiver.stats.octets_received < 8 << 20:
                 await asyncio.sleep(0.01)
             stats = receiver.stats
@@ -387,6 +439,7 @@ async def test_transmit_is_coalesced_per_receive_batch(pki: Pki) -> None:
         s.server.close()
 
 
+@aioquic_only("transmit_now and datagram stats: aioquic's Python send loop (picoquic sends from its own thread)")
 async def test_transmit_now_sends_before_the_loop_turn_ends(pki: Pki, served: Served) -> None:
     conn = await connect(served.uri, pki.config("client"), recorder)
     async with conn:
@@ -395,11 +448,14 @@ async def test_transmit_now_sends_before_the_loop_turn_ends(pki: Pki, served: Se
         assert conn.stats.datagrams_sent == sent
         conn.transmit_now()
         assert conn.stats.datagrams_sent > sent  # already on the socket, without yielding
-        transmits = conn.stats.transmits
+        transmits, received = conn.stats.transmits, conn.stats.datagrams_received
         await asyncio.sleep(0)
-        assert conn.stats.transmits == transmits  # the scheduled transmit was cancelled: nothing left
+        # The scheduled transmit was cancelled: nothing left. A datagram read in that loop turn (the
+        # handshake's last ACKs: Python 3.12's loop reads the socket there) may be answered by a transmit.
+        assert conn.stats.transmits - transmits <= conn.stats.datagrams_received - received
 
 
+@aioquic_only("datagram sizes: not applied on picoquic (it runs path MTU discovery)")
 async def test_large_datagrams_on_loopback(pki: Pki, served: Served) -> None:
     settings = QuicSettings(loopback_datagram_size=65000)
     conn = await connect(served.uri, pki.config("client", settings=settings), recorder)
@@ -412,7 +468,7 @@ async def test_large_datagrams_on_loopback(pki: Pki, served: Served) -> None:
         assert 0x3FFF < conn.stats.largest_datagram_sent <= 65000
 
 
-async def test_session_exception_closes_with_internal_error(pki: Pki) -> None:
+async def test_session_exception_closes_with_internal_error(pki: Pki, quic_backend: str) -> None:
     class Broken(Recorder):
         def handle_event(self, event: qe.QuicEvent) -> Sequence[tuple[int, bytes, bool]]:
             if isinstance(event, qe.StreamDataReceived):
@@ -421,24 +477,24 @@ async def test_session_exception_closes_with_internal_error(pki: Pki) -> None:
 
     s = await _serve(pki.config("server"), Broken)
     try:
-        conn = await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config("client"), recorder)
-        await conn.write(0, b"x", end_stream=True)
+        conn = await _connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config("client"), recorder)
+        _send(conn, b"x")
         assert await _closed_code(conn) == INTERNAL_ERROR
-        with pytest.raises(ConnectionClosedError):
-            await conn.write(0, b"more")
+        with pytest.raises(ConnectionClosedError):  # what writers wait on fails once closed
+            await conn.drain(0)
     finally:
         s.server.close()
 
 
 async def test_session_timer_is_armed_and_fired(pki: Pki, served: Served) -> None:
-    conn = await connect(served.uri, pki.config("client"), Ticking)
+    conn = await _connect(served.uri, pki.config("client"), Ticking)
     async with conn:
         assert await asyncio.wait_for(conn.next_event(), T) == (-1, b"tick", False)
 
 
-async def test_server_close_ends_its_connections(pki: Pki) -> None:
+async def test_server_close_ends_its_connections(pki: Pki, quic_backend: str) -> None:
     s = await _serve(pki.config("server"))
-    conn = await connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config("client"), recorder)
+    conn = await _connect(f"moqt://127.0.0.1:{s.server.port}/", pki.config("client"), recorder)
     s.server.close()
     assert await _closed_code(conn) == 0
     await asyncio.wait_for(s.server.wait_closed(), T)
@@ -446,7 +502,8 @@ async def test_server_close_ends_its_connections(pki: Pki) -> None:
         await conn.next_event()
 
 
-def test_runs_on_uvloop(pki: Pki) -> None:
+@aioquic_only("aioquic's pacer on uvloop's 1 ms timers (picoquic paces in C on its own thread)")
+def test_runs_on_uvloop(pki: Pki, quic_backend: str) -> None:
     """uvloop's 1 ms timers must not stall or spin the pacer: a 4 MiB echo completes promptly."""
     uvloop = pytest.importorskip("uvloop")
 
@@ -482,13 +539,13 @@ def test_quic_connection_subclass_hooks_writes() -> None:
 
 # -- with the real MOQT session ---------------------------------------------------------------------
 @pytest.mark.parametrize("trusted", [True, False])
-async def test_moqt_session_setup_with_authorization_token(pki: Pki, trusted: bool) -> None:
+async def test_moqt_session_setup_with_authorization_token(pki: Pki, trusted: bool, quic_backend: str) -> None:
     """CLIENT_SETUP carries the token; the server checks it on SetupRequested, as D3 intends."""
     issuer = ec.generate_private_key(ec.SECP256R1())
     signer = issuer if trusted else ec.generate_private_key(ec.SECP256R1())
     token = issue_token(signer, "https://c.test/", [bytes(16)], expires_at=int(time.time()) + 60, now=int(time.time()))
 
-    def on_setup(conn: MoqtConnection[object], event: object) -> None:
+    def on_setup(conn: MoqtConnection[object] | PicoConnection[object], event: object) -> None:
         if isinstance(event, SetupRequested):
             session = conn.session
             try:
@@ -498,14 +555,15 @@ async def test_moqt_session_setup_with_authorization_token(pki: Pki, trusted: bo
                 return
             session.accept_setup()  # type: ignore[union-attr]
 
-    server = await serve("127.0.0.1", 0, pki.config("server", token_keys=[issuer.public_key()]),
-                         lambda c: MoqtSession(c.quic, auto_accept=False), on_event=on_setup)
+    server = await listen("127.0.0.1", 0, pki.config("server", token_keys=[issuer.public_key()]),
+                          lambda c: MoqtSession(c.quic, auto_accept=False), on_event=on_setup)
     params = SetupParameters(authorization_tokens=(AuthToken.use_value(0, token),))
     try:
-        conn = await connect(f"moqt://127.0.0.1:{server.port}/relay", pki.config(None),
-                             lambda c: MoqtSession(c.quic, path="/relay", setup_parameters=params))
+        conn = await _connect(f"moqt://127.0.0.1:{server.port}/relay", pki.config(None),
+                              lambda c: MoqtSession(c.quic, path="/relay", setup_parameters=params))
         if trusted:
             assert isinstance(await asyncio.wait_for(conn.next_event(), T), SessionEstablished)
+            assert isinstance(server, MoqtServer | PicoServer)
             (accepted,) = server.connections
             assert (accepted.peer_identity, accepted.authenticated_by) == ("https://c.test/", "token")
             await conn.__aexit__(None, None, None)

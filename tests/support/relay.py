@@ -36,6 +36,7 @@ from moqt.wire import Location, Namespace
 from relay.auth import relay_authorizer
 from relay.server import Relay
 from relay.settings import RelaySettings
+from tests.support import backends
 
 SCOPE = bytes(range(16))
 COMPAT = hashlib.sha256(b"relay-compat").digest()
@@ -65,9 +66,16 @@ PINNED_DRAFTS: tuple[int, ...] | None = None
 
 
 def endpoint_config(pki: DevPki, name: str, **quic: float) -> EndpointConfig:
+    """``name``'s endpoint on the test's QUIC back-end (`backends.CURRENT`), at the pinned drafts."""
     files = pki.files(name)
-    settings = QuicSettings(**{"drafts": PINNED_DRAFTS, **quic})  # type: ignore[arg-type]
-    return EndpointConfig.from_files(files.cert, files.key, files.ca, settings)
+    settings = QuicSettings(**{"drafts": PINNED_DRAFTS, "quic": backends.CURRENT, **quic})  # type: ignore[arg-type]
+    return EndpointConfig.from_files(files.cert, files.key, files.ca, settings, token_keys=backends.token_keys())
+
+
+def client_token(pki: DevPki, name: str) -> bytes | None:
+    """What ``name`` authenticates with as a client on picoquic (None on aioquic: its certificate): its
+    certificate's identity, for every KVSP namespace (the relay's policy then decides by identity)."""
+    return backends.token_for(pki.uri(name), namespaces=[(b"kvsp",)])
 
 
 def layers(count: int, size: int, seed: int = 0) -> list[MoqtObject]:
@@ -106,7 +114,8 @@ async def start_relay(pki: DevPki, name: str, *, upstream: tuple[str, ...] = (),
     relay = Relay(settings, authorize=relay_authorizer(policy or policy_for(pki), peers=settings.peers))
     config = endpoint_config(pki, name)
     bound = await relay.listen("127.0.0.1", port, config)
-    links = [UpstreamLink(relay, uri, config, base_s=0.05, cap_s=0.5) for uri in upstream]
+    links = [UpstreamLink(relay, uri, config, token=client_token(pki, name), base_s=0.05, cap_s=0.5)
+             for uri in upstream]
     for link in links:
         link.start()
     for link in links:
@@ -118,14 +127,14 @@ async def start_publisher(pki: DevPki, relay_uri: str, source: MemoryTrackSource
                           name: str = "pub", prefix: Namespace | None = None) -> Publisher:
     """A publisher connected to ``relay_uri`` that announced its holder prefix there."""
     publisher = Publisher(source, authorize=allow_authenticated)
-    await publisher.connect_relay(relay_uri, endpoint_config(pki, name))
+    await publisher.connect_relay(relay_uri, endpoint_config(pki, name), token=client_token(pki, name))
     await publisher.publish_namespace(prefix or holder_prefix(pki.uri(name)))
     return publisher
 
 
 @asynccontextmanager
 async def subscriber(pki: DevPki, uri: str, name: str = "sub") -> AsyncIterator[Subscriber]:
-    sub = await Subscriber.connect(uri, endpoint_config(pki, name), timeout_s=20)
+    sub = await Subscriber.connect(uri, endpoint_config(pki, name), token=client_token(pki, name), timeout_s=20)
     try:
         yield sub
     finally:

@@ -12,13 +12,15 @@ from aiohttp import web
 from control.deploy.pki import DevPki
 from control.serve import serving
 from kvsp.service.config import RoleConfig, ServerConfig
+from kvsp.service.moqt_config import MoqtConfig
 from kvsp.service.policy import Policy
 
 
 def role_config(pki: DevPki, name: str, roles: tuple[str, ...], policy: Policy,
-                sections: dict[str, dict[str, object]] | None = None, base_dir: Path | None = None) -> RoleConfig:
+                sections: dict[str, dict[str, object]] | None = None, base_dir: Path | None = None,
+                moqt: MoqtConfig | None = None) -> RoleConfig:
     return RoleConfig(roles, ServerConfig(pki.uri(name), "127.0.0.1", pki.port(name)), pki.files(name), policy,
-                      base_dir or pki.dir, {k: dict(v) for k, v in (sections or {}).items()})
+                      base_dir or pki.dir, {k: dict(v) for k, v in (sections or {}).items()}, moqt or MoqtConfig())
 
 
 def running(config: RoleConfig, *, clock: Callable[[], float] | None = None,
