@@ -78,7 +78,7 @@ from kvsp.service.config import RoleConfig, ServerConfig
 from kvsp.service.policy import Policy, ScopeGrant
 from kvsp.service.tls import TlsFiles, client_context, server_context
 from moqt.api import Publisher, PublisherSettings
-from moqt.quic import EndpointConfig, MoqtConnection, QuicSettings
+from moqt.quic import EndpointConfig, MoqtConnection, MoqtServer, QuicSettings
 from moqt.quic.aioquic_hooks import HANDSHAKE_DATAGRAM_SIZE
 
 MiB = 1 << 20
@@ -247,6 +247,7 @@ async def _serve(setup: Setup, pipe: Any) -> None:
             pipe.send(time.process_time())
         elif verb == "quic":
             server = runners[0][0].app[HOLDER_MOQT].publisher.server
+            assert server is None or isinstance(server, MoqtServer)  # this holder runs on aioquic
             pipe.send([quic_state(conn) for conn in server.connections] if server is not None else [])
         elif verb == "prepare":
             live.prepare(int(args[0]))

@@ -22,8 +22,8 @@ from typing import Final
 from kvsp.errors import ValidationError
 from kvsp.reader import ObjectReader
 from moqt.auth import MAX_TOKEN_OCTETS
+from moqt.backends import check_quic_backend
 from moqt.profiles.negotiation import profiles_for
-from moqt.quic.config import check_quic_backend
 
 MOQT_KEYS: Final = frozenset({"quic", "token"})
 

@@ -10,7 +10,6 @@ import ipaddress
 import logging
 import re
 import ssl
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfigura
 from aioquic.quic.connection import NetworkAddress
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from moqt.backends import check_quic_backend
 from moqt.profiles import Profile
 from moqt.profiles.negotiation import alpns, profiles_for
 from moqt.tls import LocalCredentials, PeerTrust
@@ -74,18 +74,6 @@ class MoqtUri:
 
     def __str__(self) -> str:
         return f"moqt://{self.authority}{self.path}" + (f"#{self.fragment}" if self.fragment else "")
-
-
-QUIC_BACKENDS: Final = ("aioquic", "picoquic")
-
-
-def check_quic_backend(name: str) -> None:
-    """Refuse an unknown QUIC stack, and picoquic where aiopquic cannot exist (one line each)."""
-    if name not in QUIC_BACKENDS:
-        raise ValueError(f"quic = {name!r}: the QUIC back-ends are {', '.join(QUIC_BACKENDS)}")
-    if name == "picoquic" and sys.version_info < (3, 12):
-        raise ValueError(f"quic = \"picoquic\" needs Python >= 3.12 (aiopquic has no build for "
-                         f"{sys.version_info.major}.{sys.version_info.minor}); run this role on 3.12+ or use aioquic")
 
 
 def _clamp_datagram(name: str, value: int) -> int:
