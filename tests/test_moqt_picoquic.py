@@ -111,7 +111,8 @@ def test_publisher_and_subscriber_over_picoquic_and_across_back_ends(pki: Path) 
 def test_picoquic_server_authenticates_by_token_only_and_times_goaway(pki: Path) -> None:
     """A picoquic server sees no client certificate: a client that never sets up is closed UNAUTHORIZED at
     auth_timeout_s (1 s here, an application close), one that goes quiet after setup ends at picoquic's
-    idle timeout (a transport close), one without a token is refused at setup, a client trusting another CA
+    idle timeout (a transport close), a third connection from one address over a cap of two is closed,
+    one without a token is refused at setup, a client trusting another CA
     fails in the handshake, one with a token is served. The
     served one, sent GOAWAY with a 0.5 s timeout it ignores, is closed GOAWAY_TIMEOUT by the session timer
     the connection arms."""
@@ -122,6 +123,8 @@ def test_picoquic_server_authenticates_by_token_only_and_times_goaway(pki: Path)
     assert silent["application"] is True  # the server's UNAUTHORIZED: an application close (raw APP_CLOSE)
     idle = seen["idle"]  # picoquic's idle timeout after setup: a transport close, told from the raw CLOSE
     assert isinstance(idle, dict) and idle["application"] is False and 0.8 <= idle["after_s"] < 3.0
+    # max_connections_per_client 2: the third connection from one address is closed at once and counted
+    assert seen["capped"] == {"outcomes": ["served", "served", "ConnectionClosedError"], "refused": 1}
     assert seen["tokenless"] == "SessionError.UNAUTHORIZED"
     assert seen["untrusted"] == {"application": False}  # picotls ended the handshake: a transport close
     assert seen["token"] == [1000]

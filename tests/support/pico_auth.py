@@ -2,7 +2,8 @@
 
 ``python pico_auth.py PKI_DIR PORT``: a picoquic Publisher with ``auth_timeout_s`` 1 s. A client that
 completes the handshake and never sets up is closed UNAUTHORIZED by the deadline (an application close);
-one that goes quiet after setup ends at the idle timeout (a transport close); a Subscriber with no
+one that goes quiet after setup ends at the idle timeout (a transport close); over a per-address cap of
+two connections the third is closed at once; a Subscriber with no
 token is refused at setup; one that trusts another CA fails its handshake; one with a valid token is
 served, then sent GOAWAY with a timeout it ignores, so the server session's timer closes it
 GOAWAY_TIMEOUT. Prints JSON of what each saw.
@@ -56,6 +57,29 @@ async def idle_out(uri: str, config: EndpointConfig, token: bytes) -> dict[str, 
     return {"after_s": round(time.monotonic() - start, 2), "application": event.frame_type is None}
 
 
+async def capped(config: EndpointConfig, client: EndpointConfig, token: bytes) -> dict[str, object]:
+    """A picoquic publisher with max_connections_per_client 2: the third connection from 127.0.0.1 is
+    closed at once and counted, the first two are served."""
+    settings = replace(config.settings, max_connections_per_client=2)
+    publisher = Publisher(MemoryTrackSource(), authorize=allow_authenticated)
+    port = await publisher.listen("127.0.0.1", 0, replace(config, settings=settings))
+    uri = f"moqt://127.0.0.1:{port}/kvsp"
+    subs, outcomes = [], []
+    try:
+        for _ in range(3):
+            try:
+                subs.append(await Subscriber.connect(uri, client, token=token, setup_timeout_s=3.0))
+                outcomes.append("served")
+            except (ConnectionClosedError, SetupRefused, TimeoutError) as exc:
+                outcomes.append(type(exc).__name__)
+        server = publisher.server
+        return {"outcomes": outcomes, "refused": None if server is None else server.refused}
+    finally:
+        for sub in subs:
+            await sub.close()
+        await asyncio.wait_for(publisher.close(), 5.0)
+
+
 async def main(pki: Path, port: int) -> dict[str, object]:
     issuer = ec.generate_private_key(ec.SECP256R1())
     settings = QuicSettings(auth_timeout_s=AUTH_TIMEOUT_S, quic="picoquic")
@@ -77,6 +101,7 @@ async def main(pki: Path, port: int) -> dict[str, object]:
                           "unauthorized": silent.profile.session_errors.code(SessionError.UNAUTHORIZED),
                           "application": silent.close_event.frame_type is None}
         seen["idle"] = await idle_out(uri, client_cfg, token_for(issuer))
+        seen["capped"] = await capped(server_cfg, client_cfg, token_for(issuer))
         try:
             await Subscriber.connect(uri, client_cfg)
             seen["tokenless"] = "served"

@@ -23,6 +23,7 @@ from moqt.quic.config import EndpointConfig
 from moqt.quic.connection import E, SessionLike
 from moqt.quic.pico.config import PicoquicUnsupportedError, aiopquic_modules, ip_family, pem_files, pico_configuration
 from moqt.quic.pico.connection import PicoConnection, PicoEventHandler, PicoSessionFactory
+from moqt.quic.refusal import address_text
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class PicoServer(Generic[E]):
         self._engine: Any = None
         self._accepting = True
         self.connections: set[PicoConnection[E]] = set()
-        self.refused = 0  # MoqtServer's per-address refusals: picoquic applies no per-address cap
+        self.refused = 0  # connections closed for max_connections_per_client
         #: Sessions started, by the draft their ALPN agreed.
         self.sessions_by_draft: dict[int, int] = {}
         self._all_closed = asyncio.Event()
@@ -59,7 +60,22 @@ class PicoServer(Generic[E]):
         self._all_closed.clear()
         if not self._accepting:
             conn.close(SessionError.NO_ERROR, "server shutting down")
+        elif self._over_cap(conn):
+            conn.close(SessionError.INTERNAL_ERROR, "too many connections from this address")
         return conn
+
+    def _over_cap(self, conn: PicoConnection[E]) -> bool:
+        """``max_connections_per_client`` as on aioquic, but after picoquic accepted the connection (it
+        cannot be refused before): closed at its first event, counted in ``refused``."""
+        cap = self.config.settings.max_connections_per_client
+        host = conn.address[0]
+        if cap is None or sum(1 for c in self.connections if c.address[0] == host) <= cap:
+            return False
+        self.refused += 1
+        log.info("MOQT connection from %s refused: %s connections from that address already "
+                 "(max_connections_per_client)", address_text(conn.address), cap,
+                 extra={"kvsp_peer": "moqt.per-peer-cap"})
+        return True
 
     def _counted(self, conn: PicoConnection[E]) -> SessionLike[E]:
         session = self._factory(conn)
