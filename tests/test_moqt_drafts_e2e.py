@@ -1,7 +1,9 @@
 """Every MOQT draft end to end over loopback (issue 18 items 2-4): a real holder role serves one block
 over each draft on its one MOQT port and over HTTPS, octet for octet and digest for digest; a live
 block streams layer by layer over each draft; and a relay bridges drafts, with a holder that speaks
-one draft upstream and block clients that speak another downstream (miss, then cache hit).
+one draft upstream and block clients that speak another downstream (miss, then cache hit). Where
+aiopquic imports (the picoquic venv: .ci/pico-suites), all of it over picoquic too, and a holder role and
+a block client on different QUIC stacks.
 
 Each client is pinned to one draft (``QuicSettings(drafts=(n,))``), so the draft a test names is the
 draft on the wire; the listeners' per-draft session counts show it from the other end.
@@ -190,3 +192,41 @@ def _holder_server(app: web.Application) -> QuicServer:
     server = app[HOLDER_MOQT].publisher.server
     assert server is not None
     return server
+
+
+MIXED = [("aioquic", "picoquic"), ("picoquic", "aioquic")]
+
+
+@pytest.mark.skipif(backends.PICOQUIC not in backends.BACKENDS, reason="aiopquic is not importable here")
+@pytest.mark.parametrize(("holder_quic", "client_quic"), MIXED, ids=[f"holder-{h}-client-{c}" for h, c in MIXED])
+async def test_a_holder_role_and_a_block_client_on_different_back_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, holder_quic: str, client_quic: str) -> None:
+    """Issue 19 item 4: the holder role on one QUIC stack, the block client on the other, one block
+    verified; every client presents its token (a picoquic server sees no certificate, and a picoquic
+    client has none to present), so the holder trusts the test issuer whichever stack it runs."""
+    pki = DevPki.make(tmp_path / "pki", ["client", "is", "h1"])
+    policy = _policy(pki)
+    monkeypatch.setattr(backends, "CURRENT", backends.PICOQUIC)  # the issuer's keys and tokens, for both
+    section, _ = _holder(pki, tmp_path, policy)
+    holder_moqt = backends.role_moqt(tmp_path, pki.uri("h1")) if holder_quic == backends.PICOQUIC else None
+    token = backends.token_for(pki.uri("client"), namespaces=[(b"kvsp",)])
+    files = pki.files("client")
+    settings = dataclasses.replace(BLOCK_CLIENT_QUIC, quic=client_quic)
+    client = MoqtBlockClient(EndpointConfig.from_files(files.cert, files.key, files.ca, settings), token=token)
+    session = pki.session("client")
+    try:
+        async with running(role_config(pki, "is", ("is",), policy)), \
+                running(role_config(pki, "h1", ("holder",), policy, {"holder": section}, moqt=holder_moqt)) as app:
+            await HolderClient(session).put_block(pki.uri("h1"), COMPAT, SCOPE, key(0), container(0))
+            record = await lookup_moqt(pki, session, 0)
+            block = await asyncio.wait_for(client.fetch_block(record, geometry=GEOMETRY), T)
+            assert not isinstance(block, BlockMiss) and block.replica_verified
+            assert bytes(block.container.header.encode()) + bytes(block.container.data) == container(0)
+            server = _holder_server(app)
+            assert type(server).__name__ == ("PicoServer" if holder_quic == backends.PICOQUIC else "MoqtServer")
+            sub = next(iter(client._subscribers.values()))
+            assert type(sub.endpoint.link).__name__ == ("PicoConnection" if client_quic == backends.PICOQUIC
+                                                       else "MoqtConnection")
+    finally:
+        await client.close()
+        await session.close()
