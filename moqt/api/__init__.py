@@ -14,11 +14,12 @@ The values, errors and decisions without I/O live in ``moqt.tracks`` (import-cle
 re-exported here for callers of the asyncio API; sans-I/O code imports them from ``moqt.tracks``.
 """
 
-from moqt.api.endpoint import ControlServing, Endpoint, Link
+from moqt.api.endpoint import ControlServing, Endpoint
 from moqt.api.live import LiveTrack
 from moqt.api.publisher import Publisher, PublisherSettings
 from moqt.api.subscriber import ObjectStream, Subscriber, TransferStalled, subscriber_session
 from moqt.api.upstream import TokenSource, UpstreamLink, backoff_delay
+from moqt.quic.backend import Link
 from moqt.tracks import (
     Action,
     Allocator,

@@ -20,7 +20,6 @@ from collections import deque
 from collections.abc import Coroutine
 from typing import Any, Final, Protocol
 
-from moqt.auth import TokenClaims
 from moqt.errors import LocalError, MoqtError
 from moqt.events import (
     ControlMessageReceived,
@@ -54,8 +53,8 @@ from moqt.messages import (
     TrackStatus,
     Unsubscribe,
 )
+from moqt.quic.backend import Link
 from moqt.session import MoqtSession
-from moqt.tls import AuthMethod
 from moqt.tracks import (
     MalformedTrackError,
     MoqtApiError,
@@ -73,31 +72,6 @@ from moqt.wire import Location, Namespace
 log = logging.getLogger("moqt.api")
 
 DEFAULT_INBOX_OCTETS: Final = 64 << 20
-
-
-class Link(Protocol):
-    """What the API needs from a transport connection (``moqt.quic.MoqtConnection`` has it all)."""
-
-    token_claims: TokenClaims | None
-
-    @property
-    def peer_identity(self) -> str | None: ...
-
-    @property
-    def authenticated_by(self) -> AuthMethod | None: ...
-
-    @property
-    def closed(self) -> bool: ...
-
-    def authenticate_with_token(self, token: bytes, now: float | None = None) -> TokenClaims: ...
-
-    async def drain(self, stream_id: int) -> None: ...
-
-    def transmit_soon(self) -> None: ...
-
-    def close(self, error_code: int = 0, reason: str = "") -> None: ...
-
-    async def wait_closed(self) -> None: ...
 
 
 class Serving(Protocol):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
 from moqt.api.drafts import refuse_fetch, writable_status
-from moqt.api.endpoint import DEFAULT_INBOX_OCTETS, Endpoint, Link
+from moqt.api.endpoint import DEFAULT_INBOX_OCTETS, Endpoint
 from moqt.api.live import LiveTrack, send_subscription
 from moqt.auth import AuthError
 from moqt.errors import LocalError
@@ -33,7 +33,7 @@ from moqt.kinds import FetchType, GroupOrder, RequestError, SessionError, Stream
 from moqt.messages import Fetch, StandaloneFetch, Subscribe
 from moqt.params import AuthToken, SetupParameters
 from moqt.quic import EndpointConfig, MoqtUri
-from moqt.quic.backend import QuicLink, QuicServer, dial, listen
+from moqt.quic.backend import Link, QuicLink, QuicServer, dial, listen
 from moqt.session import MoqtSession
 from moqt.tracks import (
     Action,

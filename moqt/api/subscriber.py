@@ -29,14 +29,14 @@ from typing import Final
 
 from aioquic.quic.connection import QuicConnection
 
-from moqt.api.endpoint import DEFAULT_INBOX_OCTETS, Endpoint, Inbox, Link
+from moqt.api.endpoint import DEFAULT_INBOX_OCTETS, Endpoint, Inbox
 from moqt.api.publisher import TOKEN_TYPE
 from moqt.events import MoqtEvent
 from moqt.kinds import FilterType, GroupOrder, SessionError
 from moqt.messages import ControlMessage
 from moqt.params import AuthToken, SetupParameters
 from moqt.quic import EndpointConfig, MoqtUri
-from moqt.quic.backend import QuicLink, dial
+from moqt.quic.backend import Link, QuicLink, dial
 from moqt.session import MoqtSession
 from moqt.tracks import Allocator, MoqtObject, ObjectAssembler, RequestKind, RequestTracker, TransferError
 from moqt.wire import Location, Namespace

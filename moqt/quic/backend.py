@@ -27,16 +27,10 @@ from moqt.quic.server import serve
 from moqt.tls import AuthMethod
 
 
-class QuicLink(Protocol):
-    """A connection of either back-end, as a session factory and the API see it."""
+class Link(Protocol):
+    """What ``moqt.api`` needs from a transport connection (either back-end's, or an in-memory one)."""
 
     token_claims: TokenClaims | None
-
-    @property
-    def quic(self) -> QuicConnection: ...
-
-    @property
-    def profile(self) -> Profile: ...
 
     @property
     def peer_identity(self) -> str | None: ...
@@ -56,6 +50,17 @@ class QuicLink(Protocol):
     def close(self, error_code: int = 0, reason: str = "") -> None: ...
 
     async def wait_closed(self) -> None: ...
+
+
+class QuicLink(Link, Protocol):
+    """A connection of either back-end, as a session factory sees it: a `Link` with the ``quic`` a
+    ``MoqtSession`` is built on and the draft its ALPN agreed."""
+
+    @property
+    def quic(self) -> QuicConnection: ...
+
+    @property
+    def profile(self) -> Profile: ...
 
 
 class QuicServer(Protocol):
