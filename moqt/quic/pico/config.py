@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import socket
 import tempfile
@@ -45,6 +46,11 @@ def aiopquic_modules() -> tuple[Any, Any]:
     if aiopquic.__version__ != AIOPQUIC_VERSION:
         raise PicoquicUnsupportedError(f"the picoquic back-end is checked against aiopquic {AIOPQUIC_VERSION}, "
                                        f"not {aiopquic.__version__}")
+    # aiopquic logs every close with a code and every peer reset at WARNING: routine for MOQT (a refused
+    # token, FETCH_CANCEL), and our connection logs the ones that matter itself. Left alone if configured.
+    noisy = logging.getLogger("aiopquic.quic.connection")
+    if noisy.level == logging.NOTSET:
+        noisy.setLevel(logging.ERROR)
     return configuration.QuicConfiguration, connection
 
 
