@@ -18,6 +18,7 @@ from moqt.quic import LOOPBACK_DATAGRAM_SIZE, QuicSettings
 from moqt.wire import Location
 from relay.auth import holder_of, relay_authorizer, scope_of
 from relay.core import NamespaceTable, ObjectCache, RelayStats, SendQueue, TrackEnd, is_prefix
+from relay.server import Relay
 from relay.settings import RELAY_QUIC, RelaySettings
 
 KEY = ((b"kvsp", b"c"), b"raw")
@@ -227,3 +228,24 @@ def test_holder_moqt_datagram_size_like_the_relays() -> None:
     for bad in bads:
         with pytest.raises(ValidationError):
             holder(bad)
+
+
+def test_a_relay_takes_requests_from_the_upstreams_it_dials_and_delegates_the_rest() -> None:
+    """Over picoquic an upstream relay is known only as the URI dialled (its identity URI cannot be read):
+    the relay grants that URI, normalised (default port, no fragment), what the configured policy grants
+    its peers; any other identity is the policy's to decide, as before."""
+    asked: list[str] = []
+
+    def policy(identity: str, namespace: tuple[bytes, ...], action: Action) -> bool:
+        asked.append(identity)
+        return identity == "https://127.0.0.1:1/sub/"
+
+    settings = RelaySettings("127.0.0.1", 0, "moqt://127.0.0.1:1/relay", upstream=("moqt://spine.test/relay#x:y",))
+    authorize = Relay(settings, authorize=policy)._authorize
+    namespace = (b"kvsp", b"c")
+    assert authorize("moqt://spine.test:443/relay", namespace, Action.FETCH)
+    assert authorize("https://127.0.0.1:1/sub/", namespace, Action.FETCH)
+    assert not authorize("moqt://other.test:443/relay", namespace, Action.FETCH)
+    assert asked == ["https://127.0.0.1:1/sub/", "moqt://other.test:443/relay"]
+    bare = RelaySettings("127.0.0.1", 0, "moqt://127.0.0.1:1/relay")
+    assert Relay(bare, authorize=policy)._authorize is policy  # no upstream: the policy alone
