@@ -58,21 +58,30 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    data = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+def _write_secret(path: Path, data: bytes) -> None:
+    """Readable by the owner only (a private key, a bearer token)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    _write_secret(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+
+
+def _load_ec_key(path: Path) -> ec.EllipticCurvePrivateKey:
+    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValidationError(str(path), "must be an EC private key")
+    return key
 
 
 def _load_or_make_ca(directory: Path, now: dt.datetime) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     cert_path, key_path = directory / CA_CERT, directory / CA_KEY
     if cert_path.exists() and key_path.exists():
         cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise ValidationError(str(key_path), "must be an EC private key")
+        key = _load_ec_key(key_path)
         if cert.public_key() != key.public_key():
             raise ValidationError(str(key_path), f"is not the key of {cert_path}: restore the CA's own key")
         return cert, key
@@ -168,14 +177,13 @@ MOQT_TOKEN_SUFFIX: Final = ".moqt-token"
 
 
 def _load_or_make_issuer(directory: Path) -> ec.EllipticCurvePrivateKey:
+    """The issuer's key (made if absent); its public half is written from it each time, never kept apart."""
     path = directory / MOQT_ISSUER_KEY
     if path.exists():
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise ValidationError(str(path), "the MOQT token issuer key must be EC P-256")
-        return key
-    key = ec.generate_private_key(ec.SECP256R1())
-    _write_key(path, key)
+        key = _load_ec_key(path)
+    else:
+        key = ec.generate_private_key(ec.SECP256R1())
+        _write_key(path, key)
     (directory / MOQT_ISSUER_PUB).write_bytes(key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return key
@@ -196,8 +204,6 @@ def make_dev_moqt_tokens(directory: Path, roles: list[RoleSpec], now: dt.datetim
         token = issue_token(issuer, role.uri, namespaces=[(NAMESPACE_PREFIX,)], expires_at=stamp + days * 86400,
                             now=stamp)
         path = directory / f"{role.name}{MOQT_TOKEN_SUFFIX}"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a bearer secret, like a key
-        with os.fdopen(fd, "wb") as f:
-            f.write(token)
+        _write_secret(path, token)  # a bearer secret, like a key
         written.append(path)
     return written

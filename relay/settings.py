@@ -125,12 +125,9 @@ def _backend(r: ObjectReader, config: RoleConfig) -> str:
     """``[moqt] quic``; picoquic needs token keys (its listener sees no client certificate) and, with
     upstream relays, the token this relay presents to them."""
     moqt = config.moqt
-    if moqt.picoquic and not r.has("token_keys"):
-        raise ValidationError("relay.token_keys", "needed with [moqt] quic = \"picoquic\": a picoquic listener "
-                                                  "sees no client certificates, peers authenticate by token")
-    if moqt.picoquic and r.has("upstream") and moqt.token_file is None:
-        raise ValidationError("moqt.token", "needed with relay.upstream over picoquic: the relay connects "
-                                            "upstream with no client certificate")
+    moqt.check_listener("relay.token_keys", r.has("token_keys"))
+    if r.has("upstream"):
+        moqt.check_dialler("relay.upstream")
     return moqt.quic
 
 

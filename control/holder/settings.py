@@ -158,18 +158,14 @@ def _moqt(r: ObjectReader, config: RoleConfig) -> MoqtSettings | None:
             if not isinstance(value, str):
                 raise ValidationError(member, "must be a PEM public key file path")
             keys.append(config.path(value))
-    if config.moqt.picoquic and not keys:
-        raise ValidationError("holder.moqt_token_keys", "needed with [moqt] quic = \"picoquic\": a picoquic "
-                                                        "listener sees no client certificates (peers use tokens)")
+    config.moqt.check_listener("holder.moqt_token_keys", bool(keys))
     relay = r.optional("moqt_relay", lambda n: r.str(n, max_length=2048))
     if relay is not None:
         try:
             MoqtUri.parse(relay)
         except ValueError as exc:
             raise ValidationError("holder.moqt_relay", str(exc)) from exc
-        if config.moqt.picoquic and config.moqt.token_file is None:
-            raise ValidationError("moqt.token", "needed with holder.moqt_relay over picoquic: the holder connects "
-                                                "to its relay with no client certificate")
+        config.moqt.check_dialler("holder.moqt_relay")
     datagram = r.optional("moqt_max_datagram_size",
                           lambda n: r.int(n, minimum=SMALLEST_MAX_DATAGRAM_SIZE, maximum=MAX_DATAGRAM_SIZE))
     cap = _int(r, "moqt_max_connections_per_client", DEFAULT_MOQT_CONNECTIONS_PER_CLIENT, minimum=1)

@@ -52,12 +52,21 @@ class MoqtConfig:
             raise ValidationError("moqt.token", f"{self.token_file}: a token is 1..{MAX_TOKEN_OCTETS} octets")
         return data
 
-    def token_source(self, who: str) -> Callable[[], bytes | None] | None:
-        """What a dialling role presents (read at each connect), None without a token; on picoquic one is
-        required, as a picoquic client has no certificate to present."""
+    def check_listener(self, member: str, has_token_keys: bool) -> None:
+        """A picoquic listener sees no client certificates: its peers authenticate by token only."""
+        if self.picoquic and not has_token_keys:
+            raise ValidationError(member, "needed with [moqt] quic = \"picoquic\": a picoquic listener sees no "
+                                          "client certificates (peers use tokens)")
+
+    def check_dialler(self, who: str) -> None:
+        """A picoquic client has no certificate to present: it needs the role's token."""
         if self.picoquic and self.token_file is None:
             raise ValidationError("moqt.token", f"{who} connects over picoquic, which presents no client "
                                                 "certificate: give the token the deployment issued for this role")
+
+    def token_source(self, who: str) -> Callable[[], bytes | None] | None:
+        """What a dialling role presents (read at each connect), None without a token (`check_dialler`)."""
+        self.check_dialler(who)
         return None if self.token_file is None else self.token
 
 
