@@ -5,20 +5,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from types import TracebackType
-from typing import Any, Final, Generic
+from typing import Any, Final
 
 from aioquic.buffer import Buffer  # type: ignore[attr-defined]  # re-exported without __all__
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
 from aioquic.quic.connection import NetworkAddress
 from aioquic.quic.packet import QuicHeader, QuicPacketType, encode_quic_version_negotiation, pull_quic_header
 
-from moqt.kinds import SessionError
 from moqt.quic.aioquic_hooks import HookedQuicConnection
 from moqt.quic.config import EndpointConfig
-from moqt.quic.connection import E, EventHandler, MoqtConnection, SessionFactory, SessionLike
+from moqt.quic.connection import E, EventHandler, MoqtConnection, SessionFactory
 from moqt.quic.endpoint import UdpEndpoint
-from moqt.quic.refusal import address_text, connection_refused
+from moqt.quic.listener import Listener
+from moqt.quic.refusal import connection_refused
 from moqt.quic.udp import udp_socket
 
 log = logging.getLogger(__name__)
@@ -26,7 +25,7 @@ log = logging.getLogger(__name__)
 _CID_LENGTH: Final = 8  # aioquic's default connection_id_length, which our configurations keep
 
 
-class MoqtServer(UdpEndpoint, Generic[E]):
+class MoqtServer(UdpEndpoint, Listener[MoqtConnection[E], E]):
     """A UDP listener that accepts QUIC connections and gives each a session once authenticated.
 
     Routes by destination connection ID like ``aioquic.asyncio.QuicServer``, without Retry (a LAN
@@ -39,31 +38,12 @@ class MoqtServer(UdpEndpoint, Generic[E]):
                  on_event: EventHandler[E] | None) -> None:
         if config.credentials is None:
             raise ValueError("a MOQT server needs a certificate and key (EndpointConfig.credentials)")
-        super().__init__(sock, config.settings)
-        self.config, self._factory, self._on_event = config, session_factory, on_event
+        UdpEndpoint.__init__(self, sock, config.settings)
+        Listener.__init__(self, config, session_factory)
+        self._on_event = on_event
         self._routes: dict[bytes, MoqtConnection[E]] = {}
         self._configurations: dict[int, QuicConfiguration] = {}
         self._versions = QuicConfiguration(is_client=False).supported_versions
-        self._accepting = True
-        self.connections: set[MoqtConnection[E]] = set()
-        self._peer_of: dict[MoqtConnection[E], str] = {}
-        self._per_peer: dict[str, int] = {}
-        self.refused = 0
-        #: Sessions started, by the draft their ALPN agreed (metrics: which drafts clients speak).
-        self.sessions_by_draft: dict[int, int] = {}
-        self._all_closed = asyncio.Event()
-        self._all_closed.set()
-
-    def _counted(self, conn: MoqtConnection[E]) -> SessionLike[E]:
-        session = self._factory(conn)
-        draft = conn.profile.draft
-        self.sessions_by_draft[draft] = self.sessions_by_draft.get(draft, 0) + 1
-        return session
-
-    @property
-    def drafts(self) -> tuple[int, ...]:
-        """The drafts this listener accepts, newest first."""
-        return tuple(p.draft for p in self.config.settings.profiles)
 
     @property
     def port(self) -> int:
@@ -105,21 +85,11 @@ class MoqtServer(UdpEndpoint, Generic[E]):
         quic.request_client_certificate = True
         conn = MoqtConnection(quic, self, address, self.config, self._counted, on_event=self._on_event)
         self._routes[original_cid] = self._routes[quic.host_cid] = conn
-        self.connections.add(conn)
-        peer = self._peer_of[conn] = str(address[0])
-        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
-        self._all_closed.clear()
+        self._added(conn, str(address[0]))
         return conn
 
-    def _over_cap(self, peer: str) -> bool:
-        cap = self.config.settings.max_connections_per_client
-        return cap is not None and self._per_peer.get(peer, 0) >= cap
-
     def _refuse(self, header: QuicHeader, address: NetworkAddress) -> None:
-        cap = self.config.settings.max_connections_per_client
-        self.refused += 1
-        log.info("MOQT connection from %s refused: %s connections from that address already "
-                 "(max_connections_per_client)", address_text(address), cap, extra={"kvsp_peer": "moqt.per-peer-cap"})
+        self._refused(address)
         self.send([(connection_refused(header, "too many connections from this address"), address)])
 
     def connection_id_issued(self, cid: bytes, conn: MoqtConnection[Any]) -> None:
@@ -131,35 +101,10 @@ class MoqtServer(UdpEndpoint, Generic[E]):
     def connection_terminated(self, conn: MoqtConnection[Any]) -> None:
         for cid in [cid for cid, c in self._routes.items() if c is conn]:
             del self._routes[cid]
-        self.connections.discard(conn)
-        peer = self._peer_of.pop(conn, None)
-        if peer is not None:
-            left = self._per_peer.pop(peer) - 1
-            if left > 0:
-                self._per_peer[peer] = left
-        if not self.connections:
-            self._all_closed.set()
-            if not self._accepting:
-                self._loop.call_soon(self.close_socket)
+        self._removed(conn)
 
-    def close(self, error: SessionError | int = SessionError.NO_ERROR, reason: str = "server shutting down") -> None:
-        """Stop accepting and close every connection; the socket closes once the last has ended."""
-        self._accepting = False
-        for conn in list(self.connections):
-            conn.close(error, reason)
-        if not self.connections:
-            self.close_socket()
-
-    async def wait_closed(self) -> None:
-        await self._all_closed.wait()
-
-    async def __aenter__(self) -> MoqtServer[E]:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        self.close()
-        await self.wait_closed()
+    def _release(self) -> None:
+        self.close_socket()
 
 
 async def serve(host: str, port: int, config: EndpointConfig, session_factory: SessionFactory[E], *,

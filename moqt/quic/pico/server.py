@@ -15,106 +15,60 @@ import asyncio
 import contextlib
 import logging
 import socket
-from types import TracebackType
-from typing import Any, Generic
+from typing import Any
 
 from moqt.kinds import SessionError
 from moqt.quic.config import EndpointConfig
-from moqt.quic.connection import E, SessionLike
+from moqt.quic.connection import E
+from moqt.quic.listener import Listener
 from moqt.quic.pico.config import PicoquicUnsupportedError, aiopquic_modules, ip_family, pem_files, pico_configuration
 from moqt.quic.pico.connection import PicoConnection, PicoEventHandler, PicoSessionFactory
-from moqt.quic.refusal import address_text
 
 log = logging.getLogger(__name__)
 
 
-class PicoServer(Generic[E]):
+class PicoServer(Listener[PicoConnection[E], E]):
     """The connections of one aiopquic engine (see the module docstring); ``close`` stops it."""
 
     def __init__(self, port: int, config: EndpointConfig, session_factory: PicoSessionFactory[E],
                  on_event: PicoEventHandler[E] | None) -> None:
-        self.port, self.config = port, config
-        self._factory, self._on_event = session_factory, on_event
+        super().__init__(config, session_factory)
+        self.port = port
+        self._on_event = on_event
         self._loop = asyncio.get_running_loop()
         self._engine: Any = None
-        self._accepting = True
-        self.connections: set[PicoConnection[E]] = set()
-        self.refused = 0  # connections closed for max_connections_per_client
-        #: Sessions started, by the draft their ALPN agreed.
-        self.sessions_by_draft: dict[int, int] = {}
-        self._all_closed = asyncio.Event()
-        self._all_closed.set()
-
-    @property
-    def drafts(self) -> tuple[int, ...]:
-        return tuple(p.draft for p in self.config.settings.profiles)
 
     def _start(self, engine: Any) -> None:
         self._engine = engine
         self._loop.add_reader(engine.eventfd, engine.drain_and_route)
 
     def _create_protocol(self, quic: Any, stream_handler: object = None) -> PicoConnection[E]:
-        """aiopquic's ``create_protocol``: called on a new connection's first event."""
+        """aiopquic's ``create_protocol``: called on a new connection's first event. picoquic has already
+        accepted it (no hook comes before), so one over ``max_connections_per_client`` is closed here."""
         conn = PicoConnection(quic, self.config, self._counted, self, on_event=self._on_event)
-        self.connections.add(conn)
-        self._all_closed.clear()
+        peer = str(conn.address[0])
+        over_cap = self._over_cap(peer)
+        self._added(conn, peer)
         if not self._accepting:
             conn.close(SessionError.NO_ERROR, "server shutting down")
-        elif self._over_cap(conn):
+        elif over_cap:
+            self._refused(conn.address)
             conn.close(SessionError.INTERNAL_ERROR, "too many connections from this address")
         return conn
 
-    def _over_cap(self, conn: PicoConnection[E]) -> bool:
-        """``max_connections_per_client`` as on aioquic, but after picoquic accepted the connection (it
-        cannot be refused before): closed at its first event, counted in ``refused``."""
-        cap = self.config.settings.max_connections_per_client
-        host = conn.address[0]
-        if cap is None or sum(1 for c in self.connections if c.address[0] == host) <= cap:
-            return False
-        self.refused += 1
-        log.info("MOQT connection from %s refused: %s connections from that address already "
-                 "(max_connections_per_client)", address_text(conn.address), cap,
-                 extra={"kvsp_peer": "moqt.per-peer-cap"})
-        return True
-
-    def _counted(self, conn: PicoConnection[E]) -> SessionLike[E]:
-        session = self._factory(conn)
-        self.sessions_by_draft[conn.profile.draft] = self.sessions_by_draft.get(conn.profile.draft, 0) + 1
-        return session
-
     def connection_terminated(self, conn: PicoConnection[Any]) -> None:
-        self.connections.discard(conn)
-        if not self.connections:
-            self._all_closed.set()
-            if not self._accepting:
-                self._loop.call_soon(self._stop_engine)
+        self._removed(conn)
 
-    def close(self, error: SessionError | int = SessionError.NO_ERROR, reason: str = "server shutting down") -> None:
-        """Stop accepting and close every connection; the engine stops once the last has ended."""
-        self._accepting = False
-        for conn in list(self.connections):
-            conn.close(error, reason)
-        if not self.connections:
-            self._stop_engine()
-
-    def _stop_engine(self) -> None:
+    def _release(self) -> None:
         engine, self._engine = self._engine, None
         if engine is not None:
             self._loop.remove_reader(engine.eventfd)
             engine.close()  # joins picoquic's thread
 
     async def wait_closed(self) -> None:
-        await self._all_closed.wait()
+        await super().wait_closed()
         if not self._accepting:
-            self._stop_engine()
-
-    async def __aenter__(self) -> PicoServer[E]:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        self.close()
-        await self.wait_closed()
+            self._release()
 
 
 def free_udp_port() -> int:
